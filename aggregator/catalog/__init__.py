@@ -1,0 +1,1 @@
+"""The aggregated catalog: cleaned entries, per-upstream stores, search."""

@@ -1,0 +1,250 @@
+"""Cleaned catalog entries of one upstream.
+
+Upstream servers send whatever they send. Every entry is cleaned on its own
+(`clean_tool`, `clean_prompt`, ...): a malformed one is dropped with a reason,
+never the whole list, and what survives is safe to republish to a client.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+SUMMARY_CHARS = 200
+_SENTENCE_END = re.compile(r"(?<=[.!?。])\s")
+
+
+class MalformedEntry(ValueError):
+    """An upstream entry that cannot be republished; the message says why."""
+
+
+def summarize(description: str | None) -> str:
+    """First sentence of a description, at most 200 characters."""
+    text = " ".join((description or "").split())
+    if not text:
+        return ""
+    first = _SENTENCE_END.split(text, maxsplit=1)[0]
+    if len(first) > SUMMARY_CHARS:
+        first = first[: SUMMARY_CHARS - 1].rstrip() + "…"
+    return first
+
+
+@dataclass(frozen=True, slots=True)
+class ToolEntry:
+    """One upstream tool, cleaned. `wire` is the camelCase dict to republish."""
+
+    server: str
+    name: str
+    title: str | None
+    description: str
+    input_schema: Mapping[str, Any]
+    output_schema: Mapping[str, Any] | None
+    annotations: Mapping[str, Any] | None
+    wire: Mapping[str, Any]
+    hidden: bool = False
+
+    @property
+    def arg_keys(self) -> list[str]:
+        props = self.input_schema.get("properties")
+        return sorted(props) if isinstance(props, dict) else []
+
+    @property
+    def required(self) -> list[str]:
+        req = self.input_schema.get("required")
+        return [r for r in req if isinstance(r, str)] if isinstance(req, list) else []
+
+    @property
+    def summary(self) -> str:
+        return summarize(self.description)
+
+    @property
+    def read_only(self) -> bool | None:
+        if self.annotations is None:
+            return None
+        value = self.annotations.get("readOnlyHint")
+        return value if isinstance(value, bool) else None
+
+
+@dataclass(frozen=True, slots=True)
+class PromptArgument:
+    name: str
+    description: str
+    required: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PromptEntry:
+    server: str
+    name: str
+    title: str | None
+    description: str
+    arguments: tuple[PromptArgument, ...]
+    hidden: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceEntry:
+    server: str
+    name: str
+    uri: str
+    title: str | None
+    description: str
+    mime_type: str | None
+    hidden: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceTemplateEntry:
+    server: str
+    name: str
+    uri_template: str
+    title: str | None
+    description: str
+    mime_type: str | None
+    hidden: bool = False
+
+    @property
+    def variables(self) -> list[str]:
+        """The `{var}` names of the URI template (RFC 6570 operators and modifiers stripped)."""
+        names: list[str] = []
+        for expr in re.findall(r"\{([^}]*)\}", self.uri_template):
+            for part in expr.lstrip("+#./;?&=,!@|").split(","):
+                name = part.strip().rstrip("*").split(":", 1)[0]
+                if name and name not in names:
+                    names.append(name)
+        return names
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """Everything one upstream offers, as last listed. Entries are sorted by name.
+
+    `tools` holds every tool the upstream reported, those hidden by the
+    allow/deny filters included (`hidden=True`); `exposed_tools` is what clients see.
+    """
+
+    server: str
+    tools: tuple[ToolEntry, ...] = ()
+    prompts: tuple[PromptEntry, ...] = ()
+    resources: tuple[ResourceEntry, ...] = ()
+    resource_templates: tuple[ResourceTemplateEntry, ...] = ()
+    loaded_at: float = field(default_factory=time.time)
+    dropped: tuple[str, ...] = ()  # one line per malformed entry that was dropped
+
+    @property
+    def exposed_tools(self) -> tuple[ToolEntry, ...]:
+        return tuple(t for t in self.tools if not t.hidden)
+
+    def tool(self, name: str) -> ToolEntry | None:
+        for t in self.tools:
+            if t.name == name:
+                return t
+        return None
+
+
+# ---------------------------------------------------------------- cleaning
+
+
+def _opt_str(raw: Mapping[str, Any], key: str) -> str | None:
+    value = raw.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _name(raw: Any, what: str) -> str:
+    if not isinstance(raw, Mapping):
+        raise MalformedEntry(f"{what} is not an object")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise MalformedEntry(f"{what} has no name")
+    return name
+
+
+def clean_tool(server: str, raw: Any, *, hidden: bool = False) -> ToolEntry:
+    """Validate one wire tool; a schema without `type` is given `type: object`."""
+    name = _name(raw, "tool")
+    schema = raw.get("inputSchema", {"type": "object"})
+    if not isinstance(schema, Mapping):
+        raise MalformedEntry(f"tool {name!r}: inputSchema is not an object")
+    schema = dict(schema)
+    if schema.get("type") is None:
+        schema["type"] = "object"
+    elif schema.get("type") != "object":
+        raise MalformedEntry(f"tool {name!r}: inputSchema type is {schema.get('type')!r}, not 'object'")
+    if "properties" in schema and not isinstance(schema["properties"], Mapping):
+        raise MalformedEntry(f"tool {name!r}: inputSchema.properties is not an object")
+    output = raw.get("outputSchema")
+    if output is not None and not (isinstance(output, Mapping) and output.get("type") == "object"):
+        output = None  # unusable output schema: drop it, keep the tool
+    annotations = raw.get("annotations")
+    if not isinstance(annotations, Mapping):
+        annotations = None
+    description = _opt_str(raw, "description") or ""
+    wire: dict[str, Any] = {k: v for k, v in raw.items() if k not in ("inputSchema", "outputSchema", "annotations")}
+    wire["inputSchema"] = schema
+    if output is not None:
+        wire["outputSchema"] = dict(output)
+    if annotations is not None:
+        wire["annotations"] = dict(annotations)
+    if "description" in wire and not isinstance(wire["description"], str):
+        del wire["description"]
+    if "title" in wire and not isinstance(wire["title"], str):
+        del wire["title"]
+    return ToolEntry(
+        server=server,
+        name=name,
+        title=_opt_str(raw, "title") or (_opt_str(annotations, "title") if annotations else None),
+        description=description,
+        input_schema=schema,
+        output_schema=dict(output) if output is not None else None,
+        annotations=dict(annotations) if annotations is not None else None,
+        wire=wire,
+        hidden=hidden,
+    )
+
+
+def clean_prompt(server: str, raw: Any, *, hidden: bool = False) -> PromptEntry:
+    name = _name(raw, "prompt")
+    args: list[PromptArgument] = []
+    for arg in raw.get("arguments") or []:
+        if isinstance(arg, Mapping) and isinstance(arg.get("name"), str):
+            args.append(
+                PromptArgument(arg["name"], _opt_str(arg, "description") or "", arg.get("required") is True)
+            )
+    return PromptEntry(server, name, _opt_str(raw, "title"), _opt_str(raw, "description") or "", tuple(args), hidden)
+
+
+def clean_resource(server: str, raw: Any, *, hidden: bool = False) -> ResourceEntry:
+    name = _name(raw, "resource")
+    uri = raw.get("uri")
+    if not isinstance(uri, str):
+        raise MalformedEntry(f"resource {name!r} has no uri")
+    return ResourceEntry(
+        server, name, uri, _opt_str(raw, "title"), _opt_str(raw, "description") or "", _opt_str(raw, "mimeType"), hidden
+    )
+
+
+def clean_resource_template(server: str, raw: Any, *, hidden: bool = False) -> ResourceTemplateEntry:
+    name = _name(raw, "resource template")
+    template = raw.get("uriTemplate")
+    if not isinstance(template, str):
+        raise MalformedEntry(f"resource template {name!r} has no uriTemplate")
+    return ResourceTemplateEntry(
+        server,
+        name,
+        template,
+        _opt_str(raw, "title"),
+        _opt_str(raw, "description") or "",
+        _opt_str(raw, "mimeType"),
+        hidden,
+    )
+
+
+def sorted_unique(entries: Iterable[Any]) -> tuple[Any, ...]:
+    """Sort entries by name; keep the first of duplicate names (upstream bugs happen)."""
+    seen: dict[str, Any] = {}
+    for entry in entries:
+        seen.setdefault(entry.name, entry)
+    return tuple(seen[name] for name in sorted(seen))

@@ -1,0 +1,39 @@
+"""The fault taxonomy of the catalog tools (DESIGN §2.1).
+
+A *programmer* fault means the caller must change the call; a *world* fault means
+retrying later may work. Raise `Fault` anywhere below the tool layer; the tool
+layer turns it into a `CallToolResult` with `isError: true`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+FaultKind = Literal["programmer", "world"]
+
+PROGRAMMER_REASONS = frozenset({"invalid_argument", "unknown_server", "unknown_tool"})
+WORLD_REASONS = frozenset(
+    {"upstream_unavailable", "upstream_error", "timeout", "response_too_large", "result_too_large"}
+)
+
+
+class Fault(Exception):
+    """A fault with a reason code from DESIGN §2.1 and a one-line message."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        if reason not in PROGRAMMER_REASONS and reason not in WORLD_REASONS:
+            raise ValueError(f"unknown fault reason {reason!r}")
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+    @property
+    def kind(self) -> FaultKind:
+        return "programmer" if self.reason in PROGRAMMER_REASONS else "world"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"error": {"kind": self.kind, "reason": self.reason, "message": self.message}}
+
+
+def invalid_argument(message: str) -> Fault:
+    return Fault("invalid_argument", message)

@@ -1,0 +1,1 @@
+"""The aggregator's own MCP tools, one module per family."""

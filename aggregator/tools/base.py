@@ -1,0 +1,79 @@
+"""What every tool family shares: the tool record and result builders.
+
+A family module exposes a function returning `list[OwnTool]`; the server
+registers them under package `aggregator`. Handlers take the validated-by-nobody
+`arguments` dict (the low-level server does not check schemas) and a
+`ToolContext`, and return a `CallToolResult` or a raw result dict (passed
+through untouched, as `catalog_call_tool` does with upstream results).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import mcp.types as types
+
+from aggregator.catalog.caps import dumps
+from aggregator.faults import Fault
+
+ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+
+
+async def _no_progress(progress: float, total: float | None, message: str | None) -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """Per-call context: progress to the calling client, if it asked for it."""
+
+    report_progress: ProgressFn = _no_progress
+
+
+ToolResult = types.CallToolResult | dict[str, Any]
+ToolHandler = Callable[[Mapping[str, Any], ToolContext], Awaitable[ToolResult]]
+
+
+@dataclass(frozen=True, slots=True)
+class OwnTool:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    handler: ToolHandler
+    title: str | None = None
+    annotations: dict[str, Any] | None = field(default=None)
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {"name": self.name, "description": self.description, "inputSchema": self.input_schema}
+        if self.title:
+            wire["title"] = self.title
+        if self.annotations:
+            wire["annotations"] = self.annotations
+        return wire
+
+
+def json_result(payload: dict[str, Any], *, is_error: bool = False) -> types.CallToolResult:
+    """structuredContent plus the same JSON as one text block."""
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=dumps(payload))],
+        structured_content=payload,
+        is_error=is_error,
+    )
+
+
+def text_result(text: str, *, is_error: bool = False) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=is_error)
+
+
+def fault_result(fault: Fault) -> types.CallToolResult:
+    """A fault of ours: one-line message as text, the taxonomy in structuredContent."""
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=f"{fault.reason}: {fault.message}")],
+        structured_content=fault.to_dict(),
+        is_error=True,
+    )
+
+
+READ_ONLY = {"readOnlyHint": True, "openWorldHint": False}
