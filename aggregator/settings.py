@@ -1,0 +1,66 @@
+"""Process settings from ``AGGREGATOR_*`` environment variables (pydantic-settings).
+
+The config file says *what* to aggregate; these settings say where things are and how the
+process behaves. Command-line flags, where the CLI has them, win over these.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import platformdirs
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from aggregator.config import ConfigError
+
+__all__ = ["LOG_LEVELS", "Settings", "load_settings", "resolve_data_dir"]
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class Settings(BaseSettings):
+    """``AGGREGATOR_CONFIG``, ``AGGREGATOR_DATA_DIR``, ``AGGREGATOR_LOG_LEVEL``, ... (empty = unset)."""
+
+    model_config = SettingsConfigDict(env_prefix="AGGREGATOR_", env_ignore_empty=True, extra="ignore")
+
+    config: Path | None = None
+    data_dir: Path | None = None
+    log_level: str = "warning"
+    log_file: Path | None = None
+    token: SecretStr | None = None  # bearer token required by the HTTP server mode
+    max_result_bytes: int | None = Field(default=None, ge=1024)  # overrides the config file's
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.strip().lower()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+        return level
+
+
+def load_settings() -> Settings:
+    """Read the settings from the environment; a bad value becomes a `ConfigError` (exit 2)."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        err = exc.errors(include_url=False, include_input=False)[0]
+        field = str(err["loc"][0]) if err["loc"] else ""
+        variable = f"AGGREGATOR_{field.upper()}" if field else "AGGREGATOR_*"
+        message = str(err["msg"])
+        raise ConfigError(
+            "<environment>",
+            variable,
+            message[:1].lower() + message[1:],
+            f"correct or unset {variable}",
+        ) from None
+
+
+def resolve_data_dir(explicit: Path | None, settings: Settings) -> Path:
+    """The data directory: ``--data-dir`` > ``AGGREGATOR_DATA_DIR`` > the user data dir.
+
+    Returned absolute (``~`` expanded); it is not created here.
+    """
+    chosen = explicit or settings.data_dir or Path(platformdirs.user_data_dir("aggregator"))
+    return chosen.expanduser().absolute()

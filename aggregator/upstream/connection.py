@@ -1,0 +1,407 @@
+"""ONE upstream: its owner task, states, single-flight start, calls, backoff, stop.
+
+The SDK requires a session and its transport to be entered and exited in the
+same task, which must stay alive while the connection is used. So each started
+upstream has one *owner task* (`_own`), spawned in the pool's task group, that
+opens the transport, shakes hands, lists the catalog, and then parks until the
+upstream dies or the pool stops. Requests come from any task through the
+session the owner published.
+
+States: configured → starting → ready; a crash or failed start → backoff
+(100 ms doubling to 30 s) → started again on the next need. Calls inside the
+backoff window fail at once with `upstream_unavailable`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import anyio
+import anyio.abc
+import mcp.types as types
+from mcp import ClientSession
+from mcp.shared.exceptions import MCPError
+from mcp_types.jsonrpc import CONNECTION_CLOSED
+
+from aggregator import __version__
+from aggregator.catalog.model import (
+    Catalog,
+    MalformedEntry,
+    clean_prompt,
+    clean_resource,
+    clean_resource_template,
+    clean_tool,
+    sorted_unique,
+)
+from aggregator.catalog.store import CatalogStore
+from aggregator.config import UpstreamConfig
+from aggregator.faults import Fault
+from aggregator.log import get_logger
+from aggregator.upstream.transports import StderrTail, TransportHandle, open_transport
+
+log = get_logger(__name__)
+
+BACKOFF_FIRST = 0.1
+BACKOFF_MAX = 30.0
+MAX_PAGES = 1000
+
+ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+
+
+class State(StrEnum):
+    CONFIGURED = "configured"
+    STARTING = "starting"
+    READY = "ready"
+    BACKOFF = "backoff"
+    STOPPED = "stopped"
+
+
+@dataclass(eq=False)
+class _Run:
+    """One start of an upstream, owned by one owner task."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)  # the start settled (ready or failed)
+    wake: anyio.Event = field(default_factory=anyio.Event)  # tear down now
+    session: ClientSession | None = None
+    failed: bool = False
+
+
+class UpstreamConnection:
+    def __init__(self, config: UpstreamConfig, store: CatalogStore, task_group: anyio.abc.TaskGroup) -> None:
+        self.config = config
+        self.name = config.name
+        self._store = store
+        self._tg = task_group
+        self.state = State.CONFIGURED
+        self.last_error: str | None = None
+        self.handshake_seconds: float | None = None
+        self.server_info: types.Implementation | None = None
+        self.stderr = StderrTail(config.name)
+        self._run: _Run | None = None  # the latest start; older runs may still be tearing down
+        self._failures = 0
+        self._retry_at = 0.0
+        self._refreshing = False
+        self._refresh_again = False
+        self._stopping = False
+
+    # ------------------------------------------------------------ status
+
+    @property
+    def catalog(self) -> Catalog | None:
+        return self._store.get(self.name)
+
+    def in_backoff(self) -> bool:
+        return self.state is State.BACKOFF and time.monotonic() < self._retry_at
+
+    def backoff_remaining(self) -> float:
+        return max(0.0, self._retry_at - time.monotonic())
+
+    # ------------------------------------------------------------ start
+
+    async def ensure_ready(self) -> ClientSession:
+        """The live session, starting the upstream if needed; concurrent callers share one start."""
+        run = self._run
+        if self.state is State.READY and run is not None and run.session is not None:
+            return run.session
+        if self._stopping:
+            raise Fault("upstream_unavailable", f"upstream {self.name!r} is shutting down")
+        if self.in_backoff():
+            raise Fault(
+                "upstream_unavailable",
+                f"upstream {self.name!r} failed ({self.last_error}); "
+                f"retrying in {self.backoff_remaining():.1f}s",
+            )
+        if self.state is not State.STARTING or run is None:
+            run = self._run = _Run()
+            self.state = State.STARTING
+            self._tg.start_soon(self._own, run, name=f"upstream-{self.name}")
+        await run.done.wait()
+        if self.state is State.READY and run.session is not None:
+            return run.session
+        raise Fault("upstream_unavailable", f"upstream {self.name!r} could not start: {self.last_error}")
+
+    async def ensure_catalog(self) -> Catalog:
+        await self.ensure_ready()
+        catalog = self.catalog
+        if catalog is None:  # died between ready and now
+            raise Fault("upstream_unavailable", f"upstream {self.name!r} has no catalog: {self.last_error}")
+        return catalog
+
+    async def _own(self, run: _Run) -> None:
+        """The owner task: open, handshake, list, park; tear down in this same task."""
+        started = time.monotonic()
+        try:
+            async with AsyncExitStack() as stack:
+                # Transports open task groups: enter them outside the deadline's cancel scope.
+                handle = await stack.enter_async_context(open_transport(self.config, self.stderr))
+                session = await stack.enter_async_context(self._new_session(handle))
+                with anyio.fail_after(self.config.timeouts.connect):
+                    init = await session.initialize()
+                    self.server_info = init.server_info
+                    catalog = await self._list_catalog(session)
+                if self._stopping:
+                    return
+                self._store.put(catalog)
+                self.handshake_seconds = time.monotonic() - started
+                run.session = session
+                self.state = State.READY
+                self.last_error = None
+                run.done.set()
+                log.info("upstream ready", upstream=self.name, seconds=round(self.handshake_seconds, 3))
+                await self._park(run, handle)
+        except Exception as exc:
+            self._failed(run, _describe_start_error(exc, self))
+        finally:
+            run.session = None
+            run.done.set()
+            if self._run is run:
+                if self._stopping:
+                    self.state = State.STOPPED
+                    self._store.drop(self.name)
+                elif self.state in (State.READY, State.STARTING):  # ended without a recorded reason
+                    self._failed(run, "connection ended")
+
+    def _new_session(self, handle: TransportHandle) -> ClientSession:
+        return ClientSession(
+            handle.read,
+            handle.write,
+            message_handler=self._on_message,
+            client_info=types.Implementation(name="aggregator", version=__version__),
+        )
+
+    async def _park(self, run: _Run, handle: TransportHandle) -> None:
+        """Wait until the upstream's stdout ends (stdio) or someone wakes us (crash seen, stop)."""
+        async with anyio.create_task_group() as tg:
+
+            async def watch_transport() -> None:
+                await handle.closed.wait()
+                if not self._stopping:
+                    self._failed(run, self._exit_reason("exited"))
+                run.wake.set()
+
+            tg.start_soon(watch_transport)
+            await run.wake.wait()
+            tg.cancel_scope.cancel()
+
+    def _failed(self, run: _Run, reason: str) -> None:
+        """Record a crash or failed start of `run` and enter backoff (once per run)."""
+        run.wake.set()
+        if self._stopping or self._run is not run or run.failed:
+            return
+        run.failed = True
+        run.session = None
+        self._failures += 1
+        delay = min(BACKOFF_FIRST * 2 ** (self._failures - 1), BACKOFF_MAX)
+        self._retry_at = time.monotonic() + delay
+        self.state = State.BACKOFF
+        self.last_error = reason
+        self._store.drop(self.name)
+        log.warning("upstream failed", upstream=self.name, reason=reason, retry_in=delay)
+
+    def _exit_reason(self, what: str) -> str:
+        tail = self.stderr.text(5)
+        return f"{what}" + (f"; stderr: {tail}" if tail else "")
+
+    # ------------------------------------------------------------ catalog
+
+    async def _list_catalog(self, session: ClientSession) -> Catalog:
+        caps = session.server_capabilities
+        allows = self.config.tools.allows
+        dropped: list[str] = []
+
+        def clean_all(
+            items: list[Any], cleaner: Callable[..., Any], hide: Callable[[str], bool]
+        ) -> tuple[Any, ...]:
+            kept = []
+            for raw in items:
+                try:
+                    name = raw.get("name") if isinstance(raw, Mapping) else None
+                    kept.append(
+                        cleaner(self.name, raw, hidden=hide(name) if isinstance(name, str) else False)
+                    )
+                except MalformedEntry as exc:
+                    dropped.append(str(exc))
+                    log.warning("dropped malformed entry", upstream=self.name, reason=str(exc))
+            return sorted_unique(kept)
+
+        tools = await _list_all(session, "tools/list", "tools")
+        prompts = await _list_all(session, "prompts/list", "prompts") if caps and caps.prompts else []
+        resources = await _list_all(session, "resources/list", "resources") if caps and caps.resources else []
+        templates = (
+            await _list_all(session, "resources/templates/list", "resourceTemplates")
+            if caps and caps.resources
+            else []
+        )
+        never = lambda _name: False  # noqa: E731 - allow/deny filters apply to tools only
+        return Catalog(
+            server=self.name,
+            tools=clean_all(tools, clean_tool, lambda n: not allows(n)),
+            prompts=clean_all(prompts, clean_prompt, never),
+            resources=clean_all(resources, clean_resource, never),
+            resource_templates=clean_all(templates, clean_resource_template, never),
+            dropped=tuple(dropped),
+        )
+
+    def _on_message(self, message: Any) -> Awaitable[None]:
+        return self._handle_message(message)
+
+    async def _handle_message(self, message: Any) -> None:
+        if isinstance(
+            message,
+            types.ToolListChangedNotification
+            | types.PromptListChangedNotification
+            | types.ResourceListChangedNotification,
+        ):
+            self._tg.start_soon(self._refresh, name=f"refresh-{self.name}")
+        elif isinstance(message, Exception):
+            log.warning("upstream transport error", upstream=self.name, error=str(message)[:300])
+
+    async def _refresh(self) -> None:
+        """Re-list after a list_changed; coalesces bursts into one extra listing."""
+        if self._refreshing:
+            self._refresh_again = True
+            return
+        self._refreshing = True
+        try:
+            while True:
+                self._refresh_again = False
+                run = self._run
+                session = run.session if run is not None else None
+                if run is None or session is None:
+                    return
+                try:
+                    with anyio.fail_after(self.config.timeouts.call):
+                        catalog = await self._list_catalog(session)
+                except Exception as exc:
+                    log.warning("catalog refresh failed", upstream=self.name, error=str(exc)[:300])
+                    return
+                if run.session is session and self._run is run:
+                    self._store.put(catalog)
+                if not self._refresh_again:
+                    return
+        finally:
+            self._refreshing = False
+
+    # ------------------------------------------------------------ calls
+
+    async def call_tool(
+        self, tool: str, arguments: Mapping[str, Any], progress: ProgressFn | None = None
+    ) -> dict[str, Any]:
+        """Forward one call and return the upstream's raw result, untouched.
+
+        The deadline restarts whenever the upstream reports progress (the SDK's own
+        timeout is a fixed budget, so we keep ours). Cancelling the caller cancels
+        the upstream request (`notifications/cancelled`).
+        """
+        session = await self.ensure_ready()
+        run = self._run
+        budget = self.config.timeouts.call
+        with anyio.CancelScope(deadline=anyio.current_time() + budget) as scope:
+
+            async def on_progress(value: float, total: float | None, message: str | None) -> None:
+                scope.deadline = anyio.current_time() + budget
+                if progress is not None:
+                    await progress(value, total, message)
+
+            try:
+                result = await raw_request(
+                    session, "tools/call", {"name": tool, "arguments": dict(arguments)}, on_progress
+                )
+            except MCPError as exc:
+                raise self._call_fault(run, exc) from None
+        if scope.cancelled_caught:
+            raise Fault(
+                "timeout", f"{self.name}/{tool} did not answer within {budget:g}s (no progress either)"
+            )
+        self._failures = 0
+        return result
+
+    def _call_fault(self, run: _Run | None, exc: MCPError) -> Fault:
+        if exc.code == CONNECTION_CLOSED:
+            if run is not None:
+                self._failed(run, self._exit_reason("connection closed during a call"))
+            return Fault("upstream_error", f"upstream {self.name!r} {self.last_error}")
+        return Fault(
+            "upstream_error", f"upstream {self.name!r} answered with error {exc.code}: {exc.message}"
+        )
+
+    # ------------------------------------------------------------ stop
+
+    def request_stop(self) -> None:
+        """Ask the owner task to tear down; the pool's task group waits for it."""
+        self._stopping = True
+        if self._run is not None:
+            self._run.wake.set()
+        if self.state is not State.READY and self.state is not State.STARTING:
+            self.state = State.STOPPED
+
+
+async def raw_request(
+    session: ClientSession,
+    method: str,
+    params: dict[str, Any] | None,
+    progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """Send a request and return the raw result dict, with no result validation.
+
+    `ClientSession.send_request` validates results against the protocol models:
+    one malformed tool would fail a whole `tools/list`, and a proxy must pass
+    `tools/call` results through untouched. The dispatcher's raw request skips
+    that; the session's stamp still adds what the negotiated era needs.
+    """
+    data: dict[str, Any] = {"method": method}
+    if params is not None:
+        data["params"] = params
+    opts: dict[str, Any] = {}
+    session._stamp(data, opts)  # type: ignore[arg-type]
+    if progress is not None:
+        opts["on_progress"] = progress
+    result = await session._dispatcher.send_raw_request(method, data.get("params"), opts)  # type: ignore[arg-type]
+    return dict(result)
+
+
+async def _list_all(session: ClientSession, method: str, key: str) -> list[Any]:
+    """Every item of a paginated list; stops on a repeated cursor or after MAX_PAGES."""
+    items: list[Any] = []
+    cursor: str | None = None
+    seen: set[str] = set()
+    for _ in range(MAX_PAGES):
+        result = await raw_request(session, method, {"cursor": cursor} if cursor else None)
+        page = result.get(key)
+        if isinstance(page, list):
+            items.extend(page)
+        cursor = result.get("nextCursor")
+        if not isinstance(cursor, str) or not cursor or cursor in seen:
+            break
+        seen.add(cursor)
+    return items
+
+
+def _describe_start_error(exc: BaseException, conn: UpstreamConnection) -> str:
+    """One line saying why a start failed, with the tail of the child's stderr."""
+    leaves = list(_leaf_exceptions(exc))
+    first = leaves[0] if leaves else exc
+    if isinstance(first, TimeoutError):
+        what = f"no handshake within {conn.config.timeouts.connect:g}s"
+    elif isinstance(first, FileNotFoundError):
+        what = f"command not found: {conn.config.command}"
+    elif isinstance(first, PermissionError):
+        what = f"command not executable: {conn.config.command}"
+    elif isinstance(first, MCPError):
+        what = f"handshake failed: {first.message}"
+    else:
+        what = f"{type(first).__name__}: {first}".strip()
+    return conn._exit_reason(what[:500])
+
+
+def _leaf_exceptions(exc: BaseException) -> Any:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaf_exceptions(inner)
+    else:
+        yield exc

@@ -1,0 +1,245 @@
+"""Transports to one upstream: stdio (our own), streamable HTTP and SSE (the SDK's).
+
+stdio is ours rather than the SDK's `stdio_client` because a proxy needs three
+things the SDK does not give: the child's pid (to end its whole process group,
+grandchildren of `npx`/`uvx`/`sh -c` included, DESIGN §3), its stderr captured
+(the tail is shown in diagnostics, never mixed into our stdout), and a signal
+when the child's stdout ends (the SDK tells nobody when an upstream dies).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.abc
+import httpx2
+import mcp.types as types
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.client.sse import sse_client
+from mcp.client.stdio import get_default_environment
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.message import SessionMessage
+
+from aggregator.config import UpstreamConfig
+from aggregator.log import get_logger
+
+log = get_logger(__name__)
+
+STDERR_TAIL_LINES = 40
+EXIT_GRACE_SECONDS = 1.0  # after stdin closes, before SIGTERM to the group
+TERM_GRACE_SECONDS = 1.0  # after SIGTERM, before SIGKILL
+
+
+class StderrTail:
+    """Keeps the last lines an upstream wrote to stderr, read by a daemon thread."""
+
+    def __init__(self, upstream: str, max_lines: int = STDERR_TAIL_LINES) -> None:
+        self.upstream = upstream
+        self._lines: collections.deque[str] = collections.deque(maxlen=max_lines)
+        self._lock = threading.Lock()
+
+    def feed(self, fd: int) -> None:
+        """Start a daemon thread draining `fd` (it owns and closes it)."""
+        thread = threading.Thread(target=self._drain, args=(fd,), name=f"stderr-{self.upstream}", daemon=True)
+        thread.start()
+
+    def _drain(self, fd: int) -> None:
+        with open(fd, "rb", buffering=0, closefd=True) as pipe:
+            pending = b""
+            while chunk := pipe.read(65536):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    self._add(line)
+                if len(pending) > 65536:  # a very long line without newline
+                    self._add(pending)
+                    pending = b""
+            if pending:
+                self._add(pending)
+
+    def _add(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", "replace").rstrip("\r")
+        with self._lock:
+            self._lines.append(line)
+        log.debug("upstream stderr", upstream=self.upstream, line=line[:500])
+
+    def lines(self) -> list[str]:
+        with self._lock:
+            return list(self._lines)
+
+    def text(self, max_lines: int = 10) -> str:
+        return "\n".join(self.lines()[-max_lines:])
+
+
+@dataclass
+class TransportHandle:
+    """What an open transport gives the connection besides its message streams."""
+
+    read: MemoryObjectReceiveStream[SessionMessage | Exception]
+    write: MemoryObjectSendStream[SessionMessage]
+    closed: anyio.Event = field(default_factory=anyio.Event)  # set when the peer is gone
+    pid: int | None = None
+
+
+@asynccontextmanager
+async def open_transport(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[TransportHandle]:
+    """Open the configured transport; closing it ends the upstream (and its process group)."""
+    if config.transport == "stdio":
+        async with _stdio(config, stderr) as handle:
+            yield handle
+    elif config.transport == "http":
+        assert config.url is not None
+        client = create_mcp_http_client(headers=dict(config.headers) or None, timeout=_http_timeout(config))
+        async with client, streamable_http_client(config.url, http_client=client) as (read, write):
+            yield TransportHandle(read, write)  # type: ignore[arg-type]
+    else:
+        assert config.url is not None
+        async with sse_client(
+            config.url,
+            headers=dict(config.headers) or None,
+            timeout=config.timeouts.connect,
+            sse_read_timeout=max(300.0, config.timeouts.call * 2),
+        ) as (read, write):
+            yield TransportHandle(read, write)  # type: ignore[arg-type]
+
+
+def _http_timeout(config: UpstreamConfig) -> httpx2.Timeout:
+    return httpx2.Timeout(config.timeouts.connect, read=max(300.0, config.timeouts.call * 2))
+
+
+# ---------------------------------------------------------------- stdio
+
+
+@asynccontextmanager
+async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[TransportHandle]:
+    assert config.command is not None
+    err_read, err_write = os.pipe()
+    try:
+        process = await anyio.open_process(
+            [config.command, *config.args],
+            env=get_default_environment() | dict(config.env),
+            cwd=config.cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err_write,
+            start_new_session=True,
+        )
+    except BaseException:
+        os.close(err_read)
+        os.close(err_write)
+        raise
+    os.close(err_write)
+    stderr.feed(err_read)
+    to_session, read = anyio.create_memory_object_stream[SessionMessage | Exception](64)
+    write, from_session = anyio.create_memory_object_stream[SessionMessage](64)
+    handle = TransportHandle(read, write, pid=process.pid)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_read_stdout, process, to_session, handle.closed)
+            tg.start_soon(_write_stdin, process, from_session, handle.closed)
+            try:
+                yield handle
+            finally:
+                tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await _stop_process(process)
+            for stream in (to_session, read, write, from_session):
+                await stream.aclose()
+
+
+async def _read_stdout(
+    process: anyio.abc.Process,
+    to_session: MemoryObjectSendStream[SessionMessage | Exception],
+    closed: anyio.Event,
+) -> None:
+    assert process.stdout is not None
+    buffer = b""
+    try:
+        async for chunk in process.stdout:
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    await to_session.send(_parse_line(line))
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+        pass
+    finally:
+        closed.set()
+        await to_session.aclose()  # the session sees the end and fails pending requests
+
+
+async def _write_stdin(
+    process: anyio.abc.Process,
+    from_session: MemoryObjectReceiveStream[SessionMessage],
+    closed: anyio.Event,
+) -> None:
+    assert process.stdin is not None
+    try:
+        async for message in from_session:
+            data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+            await process.stdin.send(data.encode() + b"\n")
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+        closed.set()
+
+
+def _parse_line(line: bytes) -> SessionMessage | Exception:
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+    except ValueError as exc:
+        log.warning("upstream wrote a line that is not JSON-RPC", error=str(exc)[:200])
+        return exc
+
+
+async def _stop_process(process: anyio.abc.Process) -> None:
+    """stdin EOF, then SIGTERM, then SIGKILL, always to the whole process group.
+
+    The group is signalled even when the leader exits on its own: a launcher's
+    grandchildren stay in the group and would otherwise be orphaned.
+    """
+    pgid = process.pid  # start_new_session: the leader's pid is the group id
+    if process.stdin is not None:
+        with suppress(Exception):
+            await process.stdin.aclose()
+    if not await _exited_within(process, EXIT_GRACE_SECONDS):
+        _signal_group(pgid, signal.SIGTERM)
+        if not await _exited_within(process, TERM_GRACE_SECONDS):
+            _signal_group(pgid, signal.SIGKILL)
+    # Whatever else is left in the group (grandchildren) goes too.
+    _signal_group(pgid, signal.SIGTERM)
+    _signal_group(pgid, signal.SIGKILL)
+    with anyio.move_on_after(2):
+        await process.wait()
+    for stream in (process.stdout, process.stderr):
+        if stream is not None:
+            with suppress(Exception):
+                await stream.aclose()
+
+
+async def _exited_within(process: anyio.abc.Process, seconds: float) -> bool:
+    with anyio.move_on_after(seconds):
+        while process.returncode is None:
+            await anyio.sleep(0.02)
+    return process.returncode is not None
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    if sys.platform == "win32":  # pragma: no cover
+        return
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def kill_group_now(pid: int) -> None:
+    """Last-resort synchronous kill, used when the event loop is going away."""
+    _signal_group(pid, signal.SIGKILL)

@@ -1,0 +1,85 @@
+"""Shared test helpers: configs naming real example upstreams, and a host-like client.
+
+The client spawns `aggregator serve` as a host (Claude Desktop, Claude Code)
+would and speaks MCP over its stdio. Per SDK_NOTES, a session must be opened
+and closed in one task, so `aggregator_client` is an async context manager used
+inside a test body, not a fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def kit_upstream(*flags: str, **extra: Any) -> dict[str, Any]:
+    """An upstream entry running the stdlib-only test server with `flags`."""
+    return {"command": sys.executable, "args": [str(EXAMPLES / "testkit.py"), *flags], **extra}
+
+
+def example(module: str, **extra: Any) -> dict[str, Any]:
+    """An upstream entry running one of the SDK-based example servers."""
+    return {"command": sys.executable, "args": ["-m", f"aggregator.examples.{module}"], **extra}
+
+
+def write_config(directory: Path, upstreams: dict[str, Any], **top: Any) -> Path:
+    path = directory / "aggregator.yaml"
+    path.write_text(json.dumps({"upstreams": upstreams, **top}, indent=1))  # JSON is YAML
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def aggregator_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGGREGATOR_")}
+    env.update(extra)
+    return env
+
+
+@asynccontextmanager
+async def aggregator_client(
+    config: Path, *args: str, env: dict[str, str] | None = None, errlog: Any = None
+) -> AsyncIterator[ClientSession]:
+    """An initialized MCP client session to a real `aggregator serve` subprocess over stdio."""
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "aggregator", "serve", "--config", str(config), *args],
+        env=env if env is not None else aggregator_env(),
+    )
+    async with (
+        stdio_client(params, errlog=errlog or sys.stderr) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+def structured(result: Any) -> dict[str, Any]:
+    """The JSON payload of a catalog tool result (structuredContent, checked against its text)."""
+    payload = result.structured_content
+    assert payload is not None, result
+    assert json.loads(result.content[0].text) == payload
+    return dict(payload)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"

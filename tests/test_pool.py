@@ -1,0 +1,151 @@
+"""The upstream pool in-process, against real upstream subprocesses (stdio, HTTP, SSE)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+
+from aggregator.config import parse_config
+from aggregator.faults import Fault
+from aggregator.upstream.pool import UpstreamPool
+from tests.conftest import EXAMPLES, free_port, kit_upstream
+
+
+def config_of(upstreams: dict[str, dict]) -> object:
+    import json
+
+    return parse_config(json.dumps({"upstreams": upstreams}), "test.yaml")
+
+
+async def test_single_flight_start_and_parallel_upstreams(tmp_path: Path) -> None:
+    log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
+    config = config_of(
+        {"a": kit_upstream("--spawn-log", str(log_a)), "b": kit_upstream("--spawn-log", str(log_b))}
+    )
+    async with UpstreamPool.running(config) as pool:
+        assert pool.status("a").state == "configured"
+        async with anyio.create_task_group() as tg:
+            for _ in range(10):
+                tg.start_soon(pool.ensure_catalog, "a")
+                tg.start_soon(pool.ensure_catalog, "b")
+        assert len(log_a.read_text().splitlines()) == 1  # ten concurrent needs, one spawn
+        assert len(log_b.read_text().splitlines()) == 1
+        assert pool.status("a").state == "ready"
+        assert pool.status("a").tool_count and pool.status("a").tool_count > 5
+
+
+async def test_allow_deny_filters_hide_tools_but_keep_them_in_the_catalog() -> None:
+    config = config_of({"kit": kit_upstream(tools={"allow": ["e*", "add", "crash"], "deny": ["crash"]})})
+    async with UpstreamPool.running(config) as pool:
+        catalog = await pool.ensure_catalog("kit")
+        exposed = [tool.name for tool in catalog.exposed_tools]
+        assert exposed == ["add", "echo"]
+        assert catalog.tool("crash") is not None and catalog.tool("crash").hidden
+
+
+async def test_malformed_entries_are_dropped_with_a_reason() -> None:
+    config = config_of({"kit": kit_upstream("--malformed")})
+    async with UpstreamPool.running(config) as pool:
+        catalog = await pool.ensure_catalog("kit")
+        assert catalog.tool("echo") is not None
+        assert catalog.tool("bad_schema_no_type") is not None  # repaired: type object added
+        assert catalog.tool("bad_schema_string") is None
+        assert any("bad_schema_string" in reason for reason in catalog.dropped)
+        assert any("no name" in reason for reason in catalog.dropped)
+
+
+async def test_prompts_resources_and_templates_are_catalogued() -> None:
+    config = config_of({"kit": kit_upstream()})
+    async with UpstreamPool.running(config) as pool:
+        catalog = await pool.ensure_catalog("kit")
+        assert catalog.prompts and catalog.resources and catalog.resource_templates
+
+
+async def test_list_changed_refreshes_the_catalog() -> None:
+    config = config_of({"kit": kit_upstream()})
+    async with UpstreamPool.running(config) as pool:
+        await pool.ensure_catalog("kit")
+        await pool.call_tool("kit", "set_tools", {"names": ["fresh_tool"]})
+        with anyio.fail_after(5):
+            while (catalog := pool.store.get("kit")) is None or catalog.tool("fresh_tool") is None:
+                await anyio.sleep(0.02)
+
+
+async def test_backoff_doubles_and_calls_inside_it_fail_at_once() -> None:
+    config = config_of({"dead": kit_upstream("--exit-at-start")})
+    async with UpstreamPool.running(config) as pool:
+        with pytest.raises(Fault) as first:
+            await pool.ensure_catalog("dead")
+        assert first.value.reason == "upstream_unavailable"
+        assert pool.in_backoff("dead")
+        started = time.monotonic()
+        with pytest.raises(Fault):
+            await pool.ensure_catalog("dead")  # inside the window: no spawn
+        assert time.monotonic() - started < 0.05
+        windows = []
+        for _ in range(3):
+            await anyio.sleep(pool.connection("dead").backoff_remaining() + 0.01)
+            with pytest.raises(Fault):
+                await pool.ensure_catalog("dead")
+            windows.append(pool.connection("dead").backoff_remaining())
+        assert windows[0] < windows[1] < windows[2]  # 0.2, 0.4, 0.8 s
+
+
+async def test_unknown_server_is_a_programmer_fault() -> None:
+    async with UpstreamPool.running(config_of({})) as pool:
+        with pytest.raises(Fault) as caught:
+            await pool.call_tool("nope", "x", {})
+        assert caught.value.reason == "unknown_server" and caught.value.kind == "programmer"
+
+
+@contextmanager
+def toolbox_over(transport: str) -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "toolbox.py"), transport, "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        path = "/mcp" if transport == "streamable-http" else "/sse"
+        yield f"http://127.0.0.1:{port}{path}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize(("transport", "kind"), [("streamable-http", "http"), ("sse", "sse")])
+async def test_http_and_sse_upstreams(transport: str, kind: str) -> None:
+    with toolbox_over(transport) as url:
+        config = config_of({"remote": {"url": url, "transport": kind}})
+        async with UpstreamPool.running(config) as pool:
+            catalog = await pool.ensure_catalog("remote")
+            assert len(catalog.exposed_tools) >= 15
+            names = {tool.name for tool in catalog.exposed_tools}
+            tool = "word_count" if "word_count" in names else sorted(names)[0]
+            result = await pool.call_tool("remote", tool, {"text": "one two three"})
+            assert "content" in result
+            assert pool.status("remote").transport == kind
+
+
+async def test_dead_http_upstream_is_unavailable_not_a_crash() -> None:
+    config = config_of({"remote": {"url": f"http://127.0.0.1:{free_port()}/mcp", "timeouts": {"connect": 2}}})
+    async with UpstreamPool.running(config) as pool:
+        with pytest.raises(Fault) as caught:
+            await pool.ensure_catalog("remote")
+        assert caught.value.reason == "upstream_unavailable"
