@@ -96,12 +96,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    from aggregator.http import HttpConfigError, build_app, serve_http
+    from aggregator.http import HttpConfigError, build_app, check_bind, serve_http
     from aggregator.server import AggregatorServer
     from aggregator.upstream.pool import UpstreamPool
 
     data_dir = resolve_data_dir(args.data_dir, settings)
     token = settings.token.get_secret_value() if settings.token else None
+    if args.transport == "http":
+        try:
+            check_bind(args.host, token)
+        except HttpConfigError as exc:
+            print(f"aggregator: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     log.info("starting", config=config.source, upstreams=len(config.upstreams), transport=args.transport)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_stop_on_signal, tg.cancel_scope)
@@ -111,23 +117,18 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
                 if args.transport == "stdio":
                     await _serve_stdio(server)
                 else:
-                    try:
-                        app = build_app(
-                            server, host=args.host, port=args.port, token=token, allowed_hosts=args.allow_host
-                        )
-                    except HttpConfigError as exc:
-                        print(f"aggregator: {exc}", file=sys.stderr)
-                        tg.cancel_scope.cancel()
-                        return EXIT_USAGE
+                    app = build_app(
+                        server, host=args.host, port=args.port, token=token, allowed_hosts=args.allow_host
+                    )
                     await serve_http(app, host=args.host, port=args.port)
         tg.cancel_scope.cancel()
     return 0
 
 
 async def _serve_stdio(server: Any) -> None:
-    from mcp.server.stdio import stdio_server
+    from aggregator.stdio import stdio_streams
 
-    async with stdio_server() as (read, write):
+    async with stdio_streams() as (read, write):
         await server.lowlevel.run(read, write, server.lowlevel.create_initialization_options())
 
 

@@ -67,15 +67,20 @@ async def _reject(send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def build_app(
-    server: AggregatorServer, *, host: str, port: int, token: str | None, allowed_hosts: Sequence[str] = ()
-) -> ASGIApp:
-    """The Starlette app at `/mcp`, wrapped in the bearer check when a token is set."""
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse a non-loopback bind without a bearer token."""
     if not is_loopback(host) and not token:
         raise HttpConfigError(
             f"refusing to listen on {host}: set AGGREGATOR_TOKEN to a secret bearer token first "
             "(clients then send 'Authorization: Bearer <token>'), or bind to 127.0.0.1"
         )
+
+
+def build_app(
+    server: AggregatorServer, *, host: str, port: int, token: str | None, allowed_hosts: Sequence[str] = ()
+) -> ASGIApp:
+    """The Starlette app at `/mcp`, wrapped in the bearer check when a token is set."""
+    check_bind(host, token)
     security: TransportSecuritySettings | None = None
     if not is_loopback(host) and host not in ("0.0.0.0", "::"):
         hosts = [f"{host}:{port}", host, *allowed_hosts]

@@ -73,10 +73,16 @@ async def aggregator_client(
 
 
 def structured(result: Any) -> dict[str, Any]:
-    """The JSON payload of a catalog tool result (structuredContent, checked against its text)."""
+    """The JSON payload of a catalog tool result (structuredContent, checked against its text).
+
+    A fault's text is a one-line message rather than the JSON (DESIGN §2.1).
+    """
     payload = result.structured_content
     assert payload is not None, result
-    assert json.loads(result.content[0].text) == payload
+    if result.is_error:
+        assert set(payload) == {"error"} and payload["error"]["message"] in result.content[0].text
+    else:
+        assert json.loads(result.content[0].text) == payload
     return dict(payload)
 
 
