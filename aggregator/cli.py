@@ -41,9 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"aggregator {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser(
-        "serve", parents=[common], help="serve MCP over stdio (default) or streamable HTTP"
-    )
+    serve = sub.add_parser("serve", parents=[common], help="serve MCP over stdio (default) or streamable HTTP")
     serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     serve.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
@@ -51,9 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", type=Path, help="where persistent search indexes live")
 
     upstreams = sub.add_parser("list-upstreams", parents=[common], help="show configured upstreams")
-    upstreams.add_argument(
-        "--probe", action="store_true", help="start every upstream concurrently and report"
-    )
+    upstreams.add_argument("--probe", action="store_true", help="start every upstream concurrently and report")
     upstreams.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     search = sub.add_parser("search", parents=[common], help="rank upstream tools for a query")
@@ -87,9 +83,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "search": _search,
     }
     try:
-        return anyio.run(commands[args.command], args, config, settings)
+        return anyio.run(commands[args.command], args, config, settings, backend_options=_backend_options())
     except KeyboardInterrupt:
         return 130
+
+
+def _backend_options() -> dict[str, Any]:
+    """uvloop when installed: a proxy's latency is mostly event-loop turns."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return {}
+    return {"use_uvloop": os.environ.get("AGGREGATOR_UVLOOP", "1") != "0"}
 
 
 # ---------------------------------------------------------------- serve
@@ -117,9 +122,7 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
                 if args.transport == "stdio":
                     await _serve_stdio(server)
                 else:
-                    app = build_app(
-                        server, host=args.host, port=args.port, token=token, allowed_hosts=args.allow_host
-                    )
+                    app = build_app(server, host=args.host, port=args.port, token=token, allowed_hosts=args.allow_host)
                     await serve_http(app, host=args.host, port=args.port)
         tg.cancel_scope.cancel()
     return 0

@@ -90,9 +90,7 @@ class ConfigError(Exception):
     Messages never contain environment or header values.
     """
 
-    def __init__(
-        self, file: str, key: str | None, problem: str, fix: str, *, line: int | None = None
-    ) -> None:
+    def __init__(self, file: str, key: str | None, problem: str, fix: str, *, line: int | None = None) -> None:
         self.file = file
         self.key = key
         self.problem = _one_line(problem).rstrip(".")
@@ -293,9 +291,7 @@ def user_config_file() -> Path:
     return Path(platformdirs.user_config_dir("aggregator")) / CONFIG_FILE_NAME
 
 
-def find_config_path(
-    explicit: str | os.PathLike[str] | None, environ: Mapping[str, str], cwd: Path
-) -> Path | None:
+def find_config_path(explicit: str | os.PathLike[str] | None, environ: Mapping[str, str], cwd: Path) -> Path | None:
     """The config file to use: ``--config`` > ``AGGREGATOR_CONFIG`` > ./aggregator.yaml > user dir.
 
     None means the built-in default. A path given explicitly (flag or variable) must exist: it
@@ -403,8 +399,7 @@ def _parse_yaml(text: str, source: str) -> tuple[Any, _Lines]:
             source,
             None,
             f"invalid YAML: {problem}",
-            "correct the YAML syntax there (indent with spaces, not tabs; "
-            "quote values containing ': ' or ' #')",
+            "correct the YAML syntax there (indent with spaces, not tabs; quote values containing ': ' or ' #')",
             line=line,
         ) from None
     except yaml.YAMLError as exc:
@@ -556,9 +551,7 @@ def _build_config(data: Any, ctx: _Context) -> AggregatorConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ctx.error(
-            (), "the top level is not a mapping", "start the file with upstreams: (or mcpServers:)"
-        )
+        raise ctx.error((), "the top level is not a mapping", "start the file with upstreams: (or mcpServers:)")
     section = _server_section(data, ctx)
     client_shape = section != "upstreams"
     _check_top_keys(data, client_shape, ctx)
@@ -631,9 +624,7 @@ def _build_defaults(raw: Any, ctx: _Context) -> tuple[Timeouts, int]:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ctx.error(
-            ("defaults",), "must be a mapping", "write defaults: {timeouts: {connect: 10, call: 60}}"
-        )
+        raise ctx.error(("defaults",), "must be a mapping", "write defaults: {timeouts: {connect: 10, call: 60}}")
     model = _validate(_RawDefaults, raw, ("defaults",), ctx)
     assert isinstance(model, _RawDefaults)
     timeouts = Timeouts(
@@ -646,9 +637,7 @@ def _build_defaults(raw: Any, ctx: _Context) -> tuple[Timeouts, int]:
 def _check_name(raw_name: Any, section: str, seen: dict[str, str], ctx: _Context) -> str:
     """Validate an upstream name; ``seen`` maps case-folded names to the first spelling."""
     if isinstance(raw_name, bool) or not isinstance(raw_name, str | int):
-        raise ctx.error(
-            (section,), f"the server name {raw_name!r} is not a string", "use a name like my_server"
-        )
+        raise ctx.error((section,), f"the server name {raw_name!r} is not a string", "use a name like my_server")
     name = str(raw_name)
     path = (section, name)
     if not NAME_PATTERN.match(name):
@@ -675,13 +664,9 @@ def _check_name(raw_name: Any, section: str, seen: dict[str, str], ctx: _Context
     return name
 
 
-def _validate_entry(
-    entry: Any, path: tuple[Any, ...], model: type[_RawUpstream], ctx: _Context
-) -> _RawUpstream:
+def _validate_entry(entry: Any, path: tuple[Any, ...], model: type[_RawUpstream], ctx: _Context) -> _RawUpstream:
     if entry is None:
-        raise ctx.error(
-            path, "the server has no settings", "give it command: (a local server) or url: (a remote one)"
-        )
+        raise ctx.error(path, "the server has no settings", "give it command: (a local server) or url: (a remote one)")
     if not isinstance(entry, dict):
         raise ctx.error(path, "must be a mapping of settings", "write NAME: {command: ..., args: [...]}")
     validated = _validate(model, entry, path, ctx)
@@ -689,9 +674,7 @@ def _validate_entry(
     return validated
 
 
-def _validate(
-    model: type[BaseModel], data: dict[Any, Any], path: tuple[Any, ...], ctx: _Context
-) -> BaseModel:
+def _validate(model: type[BaseModel], data: dict[Any, Any], path: tuple[Any, ...], ctx: _Context) -> BaseModel:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -786,9 +769,7 @@ def _build_upstream(
     )
 
 
-def _check_endpoint(
-    raw: _RawUpstream, url: str | None, url_key: str, path: tuple[Any, ...], ctx: _Context
-) -> None:
+def _check_endpoint(raw: _RawUpstream, url: str | None, url_key: str, path: tuple[Any, ...], ctx: _Context) -> None:
     """Exactly one of command/url, and no settings that belong to the other kind."""
     if raw.command is not None and url is not None:
         raise ctx.error(
@@ -836,13 +817,9 @@ def _resolve_transport(raw: _RawUpstream, url: str | None, path: tuple[Any, ...]
     if given:
         key, transport = given[0]
         if transport == "stdio" and raw.command is None:
-            raise ctx.error(
-                (*path, key), "a stdio server needs command, not url", "add command:, or use http or sse"
-            )
+            raise ctx.error((*path, key), "a stdio server needs command, not url", "add command:, or use http or sse")
         if transport != "stdio" and raw.command is not None:
-            raise ctx.error(
-                (*path, key), f"an {transport} server needs url, not command", "add url:, or use stdio"
-            )
+            raise ctx.error((*path, key), f"an {transport} server needs url, not command", "add url:, or use stdio")
         return transport
     if raw.command is not None:
         return "stdio"

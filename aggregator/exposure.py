@@ -71,9 +71,7 @@ def build_direct_tools(
             try:
                 model = types.Tool.model_validate(wire)
             except ValidationError as exc:
-                log.warning(
-                    "direct tool not republishable; skipped", server=server, tool=tool.name, error=str(exc)
-                )
+                log.warning("direct tool not republishable; skipped", server=server, tool=tool.name, error=str(exc))
                 continue
             taken.add(name)
             table[name] = DirectTool(name, server, tool.name, model)

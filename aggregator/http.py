@@ -107,6 +107,6 @@ async def serve_http(app: ASGIApp, *, host: str, port: int, log_level: str = "wa
         app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False, log_config=None
     )
     server = uvicorn.Server(config)
-    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # the CLI owns signals
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # the CLI owns signals
     log.info("serving over HTTP", url=f"http://{host}:{port}/mcp")
     await server.serve()

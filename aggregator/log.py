@@ -63,18 +63,14 @@ _CREDENTIAL_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)\b(bearer|basic)(\s+)[A-Za-z0-9\-._~+/]+=*"), rf"\1\2{REDACTED}"),
     # Query parameters: ?access_token=..., &api_key=..., &sig=...
     (
-        re.compile(
-            r"(?i)([?&][\w.-]*(?:token|key|secret|password|passwd|auth|sig|signature)[\w.-]*=)[^&\s#\"']+"
-        ),
+        re.compile(r"(?i)([?&][\w.-]*(?:token|key|secret|password|passwd|auth|sig|signature)[\w.-]*=)[^&\s#\"']+"),
         rf"\1{REDACTED}",
     ),
     # Credentials in URLs: scheme://user:password@host
     (re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^/\s:@]+:)[^@\s/]+@"), rf"\1{REDACTED}@"),
     # Assignments in free text: password=..., api_key: ..., "token": "..."
     (
-        re.compile(
-            r"(?i)\b([\w-]*(?:api[-_]?key|token|password|passwd|secret)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;&}]+"
-        ),
+        re.compile(r"(?i)\b([\w-]*(?:api[-_]?key|token|password|passwd|secret)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;&}]+"),
         rf"\1{REDACTED}",
     ),
 )

@@ -7,6 +7,7 @@ client → here → a tool family → catalog or upstream pool → one upstream.
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -17,6 +18,7 @@ import anyio
 import anyio.abc
 import mcp.types as types
 from mcp.server import Server
+from mcp.server._otel import OpenTelemetryMiddleware
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
@@ -99,6 +101,12 @@ class AggregatorServer:
             on_call_tool=self._call_tool,
             on_subscriptions_listen=self.listen,
         )
+        # The SDK wraps every request in an OpenTelemetry span; without a configured tracer that is pure
+        # per-call cost on the proxy's hot path, so keep it only when the operator asked for tracing.
+        if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            self.lowlevel.middleware = [
+                m for m in self.lowlevel.middleware if not isinstance(m, OpenTelemetryMiddleware)
+            ]
         self.lowlevel.middleware.append(self._track_session)
         pool.store.subscribe(self._on_catalog)
 
@@ -147,9 +155,7 @@ class AggregatorServer:
         if server not in self._direct_predicates:
             return
         table = build_direct_tools(self.pool.store.loaded(), self._direct_predicates, self._own)
-        if [(d.exposed, d.wire) for d in table.values()] != [
-            (d.exposed, d.wire) for d in self._direct.values()
-        ]:
+        if [(d.exposed, d.wire) for d in table.values()] != [(d.exposed, d.wire) for d in self._direct.values()]:
             self._direct = table
             self._listing = None
             self._changed.set()
@@ -186,14 +192,10 @@ class AggregatorServer:
                 return await own.handler(arguments, tool_ctx)
             direct = self._direct.get(name)
             if direct is not None:
-                return await self.pool.call_tool(
-                    direct.server, direct.tool, arguments, tool_ctx.report_progress
-                )
+                return await self.pool.call_tool(direct.server, direct.tool, arguments, tool_ctx.report_progress)
             return fault_result(Fault("unknown_tool", f"no tool named {name!r}; use catalog_search_tools"))
         except Fault as fault:
             return fault_result(fault)
         except Exception as exc:
             log.exception("tool failed", tool=name)
-            return text_result(
-                f"internal error in aggregator tool {name}: {type(exc).__name__}: {exc}", is_error=True
-            )
+            return text_result(f"internal error in aggregator tool {name}: {type(exc).__name__}: {exc}", is_error=True)

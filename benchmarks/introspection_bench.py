@@ -140,9 +140,7 @@ def build_catalog(server: str, entries: int, rng: random.Random) -> Catalog:
         for i in range(counts["resource"])
     ]
     templates = [
-        clean_resource_template(
-            server, {"name": name(i), "uriTemplate": f"res://{server}/{{repo}}/{{id}}/{i}"}
-        )
+        clean_resource_template(server, {"name": name(i), "uriTemplate": f"res://{server}/{{repo}}/{{id}}/{i}"})
         for i in range(counts["template"])
     ]
     return Catalog(

@@ -44,9 +44,7 @@ def write_config(directory: Path, count: int) -> Path:
 
 
 def aggregator_params(config: Path) -> StdioServerParameters:
-    return StdioServerParameters(
-        command=sys.executable, args=["-m", "aggregator", "serve", "--config", str(config)]
-    )
+    return StdioServerParameters(command=sys.executable, args=["-m", "aggregator", "serve", "--config", str(config)])
 
 
 @asynccontextmanager
@@ -135,10 +133,7 @@ async def bench_concurrency(session: ClientSession, count: int = 200) -> None:
             tg.start_soon(one, i)
     wall = (time.perf_counter() - started) * 1000
     matched = sum(1 for i, text in answers.items() if text == f"call-{i}")
-    print(
-        f"\n{count} concurrent calls: {wall:.0f} ms wall, {len(answers)} answered,"
-        f" {matched} matched their request"
-    )
+    print(f"\n{count} concurrent calls: {wall:.0f} ms wall, {len(answers)} answered, {matched} matched their request")
 
 
 async def main() -> None:

@@ -63,9 +63,7 @@ class NoteStore:
     def search(self, query: str) -> list[Note]:
         words = query.lower().split()
         return [
-            n
-            for n in self._notes.values()
-            if all(w in f"{n.title} {n.body} {' '.join(n.tags)}".lower() for w in words)
+            n for n in self._notes.values() if all(w in f"{n.title} {n.body} {' '.join(n.tags)}".lower() for w in words)
         ]
 
     def tags(self) -> dict[str, int]:

@@ -51,9 +51,7 @@ RESOURCE_NOT_FOUND = -32002
 BIG_LIMIT = 64 * 1024 * 1024
 
 # A 1x1 RGB PNG (one orange pixel), checked to decode.
-TINY_PNG_BASE64 = (
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP438AAAAQBAYDFKhhdAAAAAElFTkSuQmCC"
-)
+TINY_PNG_BASE64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP438AAAAQBAYDFKhhdAAAAAElFTkSuQmCC"
 
 _READ_ONLY = {"readOnlyHint": True}
 _MESSAGE_SCHEMA = {
@@ -351,9 +349,7 @@ class Testkit:
             "prompts/list": lambda params: self.paginate(PROMPTS, params, "prompts"),
             "prompts/get": self.get_prompt,
             "resources/list": lambda params: self.paginate(RESOURCES, params, "resources"),
-            "resources/templates/list": lambda params: self.paginate(
-                RESOURCE_TEMPLATES, params, "resourceTemplates"
-            ),
+            "resources/templates/list": lambda params: self.paginate(RESOURCE_TEMPLATES, params, "resourceTemplates"),
             "resources/read": self.read_resource,
         }
         self.tools: dict[str, Callable[[dict[str, Any], Call], dict[str, Any] | None]] = {

@@ -12,9 +12,7 @@ import pytest
 from tests.conftest import aggregator_env, kit_upstream, write_config
 
 
-def run_cli(
-    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "aggregator", *args],
         env=env or aggregator_env(),
@@ -58,15 +56,11 @@ def test_missing_config_file_exits_2(tmp_path: Path) -> None:
 
 def test_list_upstreams_starts_nothing_without_probe(tmp_path: Path) -> None:
     spawn_log = tmp_path / "spawns.log"
-    config = write_config(
-        tmp_path, {"kit": kit_upstream("--spawn-log", str(spawn_log), description="test kit")}
-    )
+    config = write_config(tmp_path, {"kit": kit_upstream("--spawn-log", str(spawn_log), description="test kit")})
     done = run_cli("list-upstreams", "--config", str(config), "--json")
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)["upstreams"]
-    assert [(r["name"], r["transport"], r["state"], r["tools"]) for r in rows] == [
-        ("kit", "stdio", "configured", None)
-    ]
+    assert [(r["name"], r["transport"], r["state"], r["tools"]) for r in rows] == [("kit", "stdio", "configured", None)]
     assert not spawn_log.exists()
 
 

@@ -27,15 +27,11 @@ from aggregator.settings import Settings, load_settings, resolve_data_dir
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def parse(
-    text: str, environ: dict[str, str] | None = None, source: str = "/cfg/aggregator.yaml"
-) -> AggregatorConfig:
+def parse(text: str, environ: dict[str, str] | None = None, source: str = "/cfg/aggregator.yaml") -> AggregatorConfig:
     return parse_config(textwrap.dedent(text), source, environ=environ or {})
 
 
-def error_of(
-    text: str, environ: dict[str, str] | None = None, source: str = "/cfg/aggregator.yaml"
-) -> ConfigError:
+def error_of(text: str, environ: dict[str, str] | None = None, source: str = "/cfg/aggregator.yaml") -> ConfigError:
     with pytest.raises(ConfigError) as info:
         parse(text, environ, source)
     message = str(info.value)
@@ -69,9 +65,7 @@ def test_minimal_upstreams_shape_with_inferred_transports_and_defaults() -> None
     assert config.source == "/cfg/aggregator.yaml"
 
 
-@pytest.mark.parametrize(
-    "text", ["", "# only a comment\n", "upstreams: {}\n", "upstreams:\n", "mcpServers: {}\n"]
-)
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "upstreams: {}\n", "upstreams:\n", "mcpServers: {}\n"])
 def test_empty_configs_have_no_upstreams(text: str) -> None:
     config = parse(text)
     assert config.upstreams == {}
@@ -173,9 +167,7 @@ def test_variable_expansion_in_every_expanded_key() -> None:
 
 
 def test_default_applies_to_an_empty_variable_and_empty_default_is_allowed() -> None:
-    config = parse(
-        'upstreams: {a: {command: x, args: ["${EMPTY:-dflt}", "${UNSET:-}", "${EMPTY}"]}}', {"EMPTY": ""}
-    )
+    config = parse('upstreams: {a: {command: x, args: ["${EMPTY:-dflt}", "${UNSET:-}", "${EMPTY}"]}}', {"EMPTY": ""})
     assert config.upstreams["a"].args == ["dflt", "", ""]
 
 
@@ -187,10 +179,7 @@ def test_description_is_not_expanded() -> None:
 def test_aggregator_python_defaults_to_the_running_interpreter() -> None:
     text = "upstreams: {a: {command: '${AGGREGATOR_PYTHON}', args: [-m, mod]}}"
     assert parse(text).upstreams["a"].command == sys.executable
-    assert (
-        parse(text, {"AGGREGATOR_PYTHON": "/usr/bin/python3.12"}).upstreams["a"].command
-        == "/usr/bin/python3.12"
-    )
+    assert parse(text, {"AGGREGATOR_PYTHON": "/usr/bin/python3.12"}).upstreams["a"].command == "/usr/bin/python3.12"
 
 
 def test_tilde_is_expanded_in_command_and_cwd_only() -> None:
@@ -403,9 +392,7 @@ def test_client_file_ignores_foreign_top_level_keys_but_not_misspelt_ones() -> N
 
 
 def test_conflicting_transport_keys() -> None:
-    err = error_of(
-        '{"mcpServers": {"s": {"type": "sse", "transport": "http", "url": "http://h"}}}', source="c.json"
-    )
+    err = error_of('{"mcpServers": {"s": {"type": "sse", "transport": "http", "url": "http://h"}}}', source="c.json")
     assert err.key == "mcpServers.s.type"
 
 
@@ -420,9 +407,7 @@ def test_bad_yaml_names_the_line() -> None:
 
 
 def test_bad_json_names_the_line() -> None:
-    err = error_of(
-        '{\n  "mcpServers": {\n    "a": {"command": "x",}\n    "b": {}\n  }\n}\n', source="/c/mcp.json"
-    )
+    err = error_of('{\n  "mcpServers": {\n    "a": {"command": "x",}\n    "b": {}\n  }\n}\n', source="/c/mcp.json")
     assert err.line == 4
     assert "invalid JSON" in err.problem
 
@@ -447,9 +432,7 @@ def test_unknown_key_suggests_the_closest_and_names_the_line() -> None:
     assert err.key == "upstreams.git.comand"
     assert err.line == 4
     assert "did you mean 'command'?" in err.fix
-    assert (
-        str(err) == "/cfg/aggregator.yaml:4: upstreams.git.comand: unknown key. Fix: did you mean 'command'?"
-    )
+    assert str(err) == "/cfg/aggregator.yaml:4: upstreams.git.comand: unknown key. Fix: did you mean 'command'?"
 
 
 @pytest.mark.parametrize(
@@ -615,9 +598,7 @@ def test_lookup_order(tmp_path: Path, user_dir: Path) -> None:
     assert list(builtin.upstreams) == ["notes", "toolbox"]
 
 
-def test_explicit_paths_expand_tilde_and_resolve_against_cwd(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_explicit_paths_expand_tilde_and_resolve_against_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     config_file = _write(tmp_path / "conf" / "a.yaml", "a")
     assert find_config_path("~/conf/a.yaml", {}, Path("/")) == config_file

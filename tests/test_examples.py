@@ -339,9 +339,7 @@ async def test_testkit_progress_and_concurrent_calls() -> None:
         order: list[str] = []
 
         async def slow() -> None:
-            result = await session.call_tool(
-                "slow", {"seconds": 1.0, "steps": 3}, progress_callback=on_progress
-            )
+            result = await session.call_tool("slow", {"seconds": 1.0, "steps": 3}, progress_callback=on_progress)
             order.append(text_of(result))
             slow_done.set()
 

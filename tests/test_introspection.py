@@ -143,9 +143,7 @@ class Harness:
 
 def tool(server: str, name: str, props: Mapping[str, Any] | None = None, *, hidden: bool = False) -> Any:
     schema: dict[str, Any] = {"type": "object", "properties": dict(props or {})}
-    return clean_tool(
-        server, {"name": name, "description": f"{name} tool", "inputSchema": schema}, hidden=hidden
-    )
+    return clean_tool(server, {"name": name, "description": f"{name} tool", "inputSchema": schema}, hidden=hidden)
 
 
 def prompt(server: str, name: str, args: Sequence[str] = (), *, hidden: bool = False) -> Any:
@@ -161,9 +159,7 @@ def template(server: str, name: str, variables: Sequence[str] = (), *, hidden: b
     return clean_resource_template(server, {"name": name, "uriTemplate": uri}, hidden=hidden)
 
 
-def catalog(
-    server: str, tools: Sequence[Any] = (), prompts: Sequence[Any] = (), **kw: Sequence[Any]
-) -> Catalog:
+def catalog(server: str, tools: Sequence[Any] = (), prompts: Sequence[Any] = (), **kw: Sequence[Any]) -> Catalog:
     return Catalog(
         server=server,
         tools=sorted_unique(tools),
@@ -710,16 +706,12 @@ def catalogs(draw: st.DrawFn, server: str) -> Catalog:
     ]
     prompts = [
         clean_prompt(server, {"name": n, "arguments": [{"name": a} for a in args]}, hidden=draw(hidden))
-        for n, args in draw(
-            st.lists(st.tuples(entry_names, st.lists(st.sampled_from(PARAMS), max_size=3)), max_size=3)
-        )
+        for n, args in draw(st.lists(st.tuples(entry_names, st.lists(st.sampled_from(PARAMS), max_size=3)), max_size=3))
     ]
     resources = [resource(server, n, hidden=draw(hidden)) for n in draw(st.lists(entry_names, max_size=3))]
     templates = [
         template(server, n, list(dict.fromkeys(vs)), hidden=draw(hidden))
-        for n, vs in draw(
-            st.lists(st.tuples(entry_names, st.lists(st.sampled_from(VARS), max_size=3)), max_size=3)
-        )
+        for n, vs in draw(st.lists(st.tuples(entry_names, st.lists(st.sampled_from(VARS), max_size=3)), max_size=3))
     ]
     return catalog(server, tools, prompts, resources=resources, templates=templates)
 
@@ -792,8 +784,7 @@ def brute_params(entry: Any) -> Iterable[tuple[str, str]]:
         return brute_schema(entry.input_schema, "")
     if hasattr(entry, "arguments"):
         return [
-            (a.name, "arguments" + (f".{a.name}" if "." not in a.name else f'["{a.name}"]'))
-            for a in entry.arguments
+            (a.name, "arguments" + (f".{a.name}" if "." not in a.name else f'["{a.name}"]')) for a in entry.arguments
         ]
     if hasattr(entry, "uri_template"):
         return [(v, f"uriTemplate {{{v}}}") for v in re.findall(r"\{(\w+)\}", entry.uri_template)]

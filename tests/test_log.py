@@ -37,9 +37,7 @@ def test_logs_go_to_stderr_never_stdout() -> None:
         logging.getLogger("mcp.client.stdio").warning("from the sdk")
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
-    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout == ""
     lines = _lines(done.stderr)
     assert len(lines) == 3
@@ -81,9 +79,7 @@ def test_secret_keys(key: str) -> None:
     assert is_secret_key(key)
 
 
-@pytest.mark.parametrize(
-    "key", ["event", "upstream", "tool", "tokens", "max_tokens", "tool_count", "environmental"]
-)
+@pytest.mark.parametrize("key", ["event", "upstream", "tool", "tokens", "max_tokens", "tool_count", "environmental"])
 def test_ordinary_keys(key: str) -> None:
     assert not is_secret_key(key)
 

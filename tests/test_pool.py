@@ -27,9 +27,7 @@ def config_of(upstreams: dict[str, dict]) -> object:
 
 async def test_single_flight_start_and_parallel_upstreams(tmp_path: Path) -> None:
     log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
-    config = config_of(
-        {"a": kit_upstream("--spawn-log", str(log_a)), "b": kit_upstream("--spawn-log", str(log_b))}
-    )
+    config = config_of({"a": kit_upstream("--spawn-log", str(log_a)), "b": kit_upstream("--spawn-log", str(log_b))})
     async with UpstreamPool.running(config) as pool:
         assert pool.status("a").state == "configured"
         async with anyio.create_task_group() as tg:

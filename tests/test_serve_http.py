@@ -23,8 +23,19 @@ from tests.conftest import aggregator_env, free_port, kit_upstream, structured, 
 def http_aggregator(config: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aggregator", "serve", "--config", str(config), "--transport", "http"]
-        + ["--port", str(port), *args],
+        [
+            sys.executable,
+            "-m",
+            "aggregator",
+            "serve",
+            "--config",
+            str(config),
+            "--transport",
+            "http",
+            "--port",
+            str(port),
+            *args,
+        ],
         env=env or aggregator_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -43,9 +54,7 @@ def http_aggregator(config: Path, *args: str, env: dict[str, str] | None = None)
     finally:
         proc.terminate()
         assert proc.wait(timeout=15) is not None
-        assert (
-            proc.stdout is not None and proc.stdout.read() == b""
-        )  # nothing but protocol, and HTTP has none
+        assert proc.stdout is not None and proc.stdout.read() == b""  # nothing but protocol, and HTTP has none
 
 
 async def echo_many(url: str, tag: str, count: int, headers: dict[str, str] | None = None) -> list[str]:
@@ -106,8 +115,20 @@ async def test_foreign_host_header_is_rejected(tmp_path: Path) -> None:
 def test_refuses_a_non_loopback_bind_without_a_token(tmp_path: Path) -> None:
     config = write_config(tmp_path, {})
     done = subprocess.run(
-        [sys.executable, "-m", "aggregator", "serve", "--config", str(config), "--transport", "http"]
-        + ["--host", "0.0.0.0", "--port", str(free_port())],
+        [
+            sys.executable,
+            "-m",
+            "aggregator",
+            "serve",
+            "--config",
+            str(config),
+            "--transport",
+            "http",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(free_port()),
+        ],
         env=aggregator_env(),
         capture_output=True,
         timeout=30,

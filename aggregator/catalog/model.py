@@ -210,9 +210,7 @@ def clean_prompt(server: str, raw: Any, *, hidden: bool = False) -> PromptEntry:
     args: list[PromptArgument] = []
     for arg in raw.get("arguments") or []:
         if isinstance(arg, Mapping) and isinstance(arg.get("name"), str):
-            args.append(
-                PromptArgument(arg["name"], _opt_str(arg, "description") or "", arg.get("required") is True)
-            )
+            args.append(PromptArgument(arg["name"], _opt_str(arg, "description") or "", arg.get("required") is True))
     return PromptEntry(server, name, _opt_str(raw, "title"), _opt_str(raw, "description") or "", tuple(args), hidden)
 
 

@@ -303,9 +303,7 @@ class SymbolTable:
         """Exposed symbols of every package (None), or every symbol of one package."""
         return self.exposed if package is None else self.by_package.get(package, ())
 
-    def apropos(
-        self, pattern: str, package: str | None = None, type_: SymbolType | None = None
-    ) -> list[Symbol]:
+    def apropos(self, pattern: str, package: str | None = None, type_: SymbolType | None = None) -> list[Symbol]:
         """Symbols in scope whose NAME contains `pattern` ignoring case (casefold), of TYPE `type_`."""
         needle = pattern.casefold()
         return [s for s in self.scope(package) if needle in s.folded and (type_ is None or s.type == type_)]

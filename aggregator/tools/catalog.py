@@ -133,9 +133,7 @@ class CatalogTools:
             }
             for status in self.pool.statuses()
         ]
-        payload = cap_list(
-            servers, lambda items, cut: {"servers": items, "truncated": cut}, self.max_result_bytes
-        )
+        payload = cap_list(servers, lambda items, cut: {"servers": items, "truncated": cut}, self.max_result_bytes)
         return json_result(payload)
 
     async def list_tools(self, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
@@ -175,9 +173,7 @@ class CatalogTools:
             },
         }
         if json_size(payload) > self.max_result_bytes:
-            raise Fault(
-                "result_too_large", f"the definition of {server}/{tool.name} exceeds max_result_bytes"
-            )
+            raise Fault("result_too_large", f"the definition of {server}/{tool.name} exceeds max_result_bytes")
         return json_result(payload)
 
     async def call_tool(self, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolResult:

@@ -190,15 +190,11 @@ class Scope:
             if lines[-1] != "":
                 lines.append("")
             names = ", ".join(self.unloaded)
-            lines.append(
-                f"Not searched (catalog not loaded): {names}. Pass package=NAME to load and search one."
-            )
+            lines.append(f"Not searched (catalog not loaded): {names}. Pass package=NAME to load and search one.")
         return "\n".join(lines)
 
 
-async def open_scope(
-    source: CatalogSource, own_tools: OwnTools, cache: TableCache, package: str | None
-) -> Scope | str:
+async def open_scope(source: CatalogSource, own_tools: OwnTools, cache: TableCache, package: str | None) -> Scope | str:
     """The scope of a call, or the informational message that answers it instead."""
     catalogs = dict(source.store.loaded())
     if package is None:

@@ -113,8 +113,7 @@ class UpstreamConnection:
         if self.in_backoff():
             raise Fault(
                 "upstream_unavailable",
-                f"upstream {self.name!r} failed ({self.last_error}); "
-                f"retrying in {self.backoff_remaining():.1f}s",
+                f"upstream {self.name!r} failed ({self.last_error}); retrying in {self.backoff_remaining():.1f}s",
             )
         if self.state is not State.STARTING or run is None:
             run = self._run = _Run()
@@ -170,7 +169,7 @@ class UpstreamConnection:
         return ClientSession(
             handle.read,
             handle.write,
-            message_handler=self._on_message,
+            message_handler=self._handle_message,
             client_info=types.Implementation(name="aggregator", version=__version__),
         )
 
@@ -214,16 +213,12 @@ class UpstreamConnection:
         allows = self.config.tools.allows
         dropped: list[str] = []
 
-        def clean_all(
-            items: list[Any], cleaner: Callable[..., Any], hide: Callable[[str], bool]
-        ) -> tuple[Any, ...]:
+        def clean_all(items: list[Any], cleaner: Callable[..., Any], hide: Callable[[str], bool]) -> tuple[Any, ...]:
             kept = []
             for raw in items:
                 try:
                     name = raw.get("name") if isinstance(raw, Mapping) else None
-                    kept.append(
-                        cleaner(self.name, raw, hidden=hide(name) if isinstance(name, str) else False)
-                    )
+                    kept.append(cleaner(self.name, raw, hidden=hide(name) if isinstance(name, str) else False))
                 except MalformedEntry as exc:
                     dropped.append(str(exc))
                     log.warning("dropped malformed entry", upstream=self.name, reason=str(exc))
@@ -233,9 +228,7 @@ class UpstreamConnection:
         prompts = await _list_all(session, "prompts/list", "prompts") if caps and caps.prompts else []
         resources = await _list_all(session, "resources/list", "resources") if caps and caps.resources else []
         templates = (
-            await _list_all(session, "resources/templates/list", "resourceTemplates")
-            if caps and caps.resources
-            else []
+            await _list_all(session, "resources/templates/list", "resourceTemplates") if caps and caps.resources else []
         )
         never = lambda _name: False  # noqa: E731 - allow/deny filters apply to tools only
         return Catalog(
@@ -246,9 +239,6 @@ class UpstreamConnection:
             resource_templates=clean_all(templates, clean_resource_template, never),
             dropped=tuple(dropped),
         )
-
-    def _on_message(self, message: Any) -> Awaitable[None]:
-        return self._handle_message(message)
 
     async def _handle_message(self, message: Any) -> None:
         if isinstance(
@@ -315,9 +305,7 @@ class UpstreamConnection:
             except MCPError as exc:
                 raise self._call_fault(run, exc) from None
         if scope.cancelled_caught:
-            raise Fault(
-                "timeout", f"{self.name}/{tool} did not answer within {budget:g}s (no progress either)"
-            )
+            raise Fault("timeout", f"{self.name}/{tool} did not answer within {budget:g}s (no progress either)")
         self._failures = 0
         return result
 
@@ -326,9 +314,7 @@ class UpstreamConnection:
             if run is not None:
                 self._failed(run, self._exit_reason("connection closed during a call"))
             return Fault("upstream_error", f"upstream {self.name!r} {self.last_error}")
-        return Fault(
-            "upstream_error", f"upstream {self.name!r} answered with error {exc.code}: {exc.message}"
-        )
+        return Fault("upstream_error", f"upstream {self.name!r} answered with error {exc.code}: {exc.message}")
 
     # ------------------------------------------------------------ stop
 

@@ -50,8 +50,7 @@ class UpstreamPool:
         self.config = config
         self._store = CatalogStore()
         self._connections = {
-            name: UpstreamConnection(upstream, self._store, task_group)
-            for name, upstream in config.upstreams.items()
+            name: UpstreamConnection(upstream, self._store, task_group) for name, upstream in config.upstreams.items()
         }
         self._by_folded = {name.casefold(): name for name in self._connections}
         self._tg = task_group

@@ -1,0 +1,701 @@
+"""Incremental inverted index and deterministic ranking of `catalog_search_tools` (DESIGN §2.2).
+
+Documents are the exposed tools of every loaded catalog plus one *server card*
+per upstream whose catalog is not loaded (its name and operator metadata). A
+card lets `load: false` searches point at servers not started yet, and keeps
+tool and server scores on one scale.
+
+Score of a document = Σ over the distinct query tokens (in sorted order, so the
+float sum is the same however the catalogs were loaded) of the best match of
+that token over the document's fields, where a match is worth
+
+    idf(tier) × tier weight × field weight
+
+- tier: exact (equal token, or equal stem at a slightly lower weight) >
+  prefix > substring. Prefix and substring need a query token of at least 3
+  characters (one for Han/kana). Each tier has its own idf, from the number of
+  documents matching the token at that tier or better, so a token's weight
+  reflects how rare it is in the catalog: words like "the", "a", "file" cannot
+  outvote a rare exact match. As idf and tier weight both fall from exact to
+  substring, exact > prefix > substring holds within every field.
+- field: tool and server names and the title are boosted over the description,
+  operator metadata, input-schema property names and annotations. A tool-name
+  match counts less in a long name (one word of `give_feedback_to_desktop_commander`
+  says less than one of `whois_domain`). The description weight saturates with
+  the term's frequency and falls with the description's length (BM25's tf part,
+  against a fixed pivot, so a document's weights depend on its own content only).
+
+Ties break on (server, tool). No randomness, no model: the same catalog content
+and query always give the same floats and the same order.
+
+Lookups are indexed, never scanned: postings per token; a stem table for the
+exact tier; a trigram table (single characters for Han/kana) over the
+vocabulary for prefix and substring candidates. Everything is updated
+incrementally when one upstream's catalog loads, changes or goes away.
+Retrieval of the top k uses MaxScore pruning over postings split into levels by
+falling weight, so the long postings of common words are mostly probed
+for documents that matched something rarer, not walked.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from operator import itemgetter
+from typing import Any
+
+from aggregator.catalog.model import Catalog, ToolEntry
+from aggregator.catalog.store import CatalogStore
+from aggregator.catalog.tokens import is_cjk, stem, tokenize
+
+Postings = dict[int, float]  # document id → the term's best field weight in that document
+Tier = tuple[tuple[str, float], ...]  # vocabulary terms, each with a weight factor
+_HEAD = 32  # size of the first level of a postings list split by weight
+_BIG = 4 * _HEAD  # a token may read postings longer than this in place
+_BATCH = 128  # documents scored together during top-k retrieval
+_TOKEN_CACHE = 4096  # query tokens whose expansion is kept
+_STATS_BUDGET = 400_000  # entries of per-token match tables kept between queries (~30 MB)
+
+
+@dataclass(frozen=True, slots=True)
+class RankingParams:
+    """Weights of the ranking. The defaults are the tuned, shipped values."""
+
+    tool_name: float = 3.0
+    server_name: float = 2.0
+    title: float = 2.0
+    description: float = 1.0
+    arg_keys: float = 0.8
+    annotations: float = 0.5
+    server_description: float = 0.6
+    capabilities: float = 1.0
+    stem_match: float = 0.9  # equal stems, different surface forms (still the exact tier)
+    prefix: float = 0.6
+    substring: float = 0.3
+    k1: float = 1.2  # description term-frequency saturation
+    b: float = 0.75  # description length normalisation
+    pivot: float = 24.0  # description length (tokens) at which the length factor is 1
+    name_b: float = 0.75  # tool-name length normalisation (0: none)
+    name_pivot: float = 3.0  # tool-name length (distinct tokens) at which the name factor is 1
+    min_partial: int = 3  # shortest non-CJK query token that may prefix/substring-match
+
+
+DEFAULT_PARAMS = RankingParams()
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A tool-level result: the tool, and its raw (unrounded) score."""
+
+    server: str
+    tool: str
+    score: float
+    entry: ToolEntry
+
+
+@dataclass(frozen=True, slots=True)
+class ServerHit:
+    """A server-level result: an upstream whose catalog is not loaded matched on its metadata."""
+
+    server: str
+    score: float
+    description: str
+    capabilities: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Doc:
+    server: str
+    tool: str | None  # None for a server card
+    entry: ToolEntry | None
+    terms: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class _Level:
+    """Some documents of a postings list, and the highest weight among them."""
+
+    bound: float
+    docs: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """Part of what a query token adds to a document's score: `scale × table[doc]`."""
+
+    table: Mapping[int, float]
+    scale: float
+    levels: tuple[_Level, ...]  # the table's documents by falling weight
+    owned: bool = False  # built for this token (merged postings), not postings read in place
+
+
+@dataclass(frozen=True, slots=True)
+class _TokenStats:
+    """What one query token is worth: per document, the highest value over its sources."""
+
+    sources: tuple[_Source, ...]
+    cards: dict[int, float]  # the same for server cards, worked out
+    weight: float  # the token's rarity (idf over every tier); 0: matches nothing
+
+
+_NO_MATCH = _TokenStats((), {}, 0.0)
+
+
+def _stats_size(stats: _TokenStats) -> int:
+    """Entries a token's match tables hold of their own (postings read in place are not counted)."""
+    own = sum(2 * len(s.table) for s in stats.sources if s.owned)  # the table and its levels
+    return own + len(stats.cards) + 1
+
+
+def _levels(table: Mapping[int, float]) -> tuple[_Level, ...]:
+    """The table's documents by falling weight, in levels of _HEAD, 4×_HEAD, 16×_HEAD, ... entries.
+
+    Top-k retrieval walks the best levels first; the long tail of a common word
+    is then often provably unable to change the top k.
+    """
+    if len(table) <= _HEAD:
+        return (_Level(max(table.values(), default=0.0), list(table)),)
+    ranked = sorted(table.items(), key=itemgetter(1), reverse=True)
+    levels = []
+    start, size = 0, _HEAD
+    while start < len(ranked):
+        level = ranked[start : start + size]
+        levels.append(_Level(level[0][1], [d for d, _ in level]))
+        start += size
+        size *= 4
+    return tuple(levels)
+
+
+def _grams(term: str) -> set[str]:
+    """Keys of the partial-match table: trigrams, or the characters of a Han/kana term."""
+    if is_cjk(term):
+        return set(term)
+    return {term[i : i + 3] for i in range(len(term) - 2)}
+
+
+def annotation_tokens(annotations: Mapping[str, Any] | None) -> list[str]:
+    """Tokens of a tool's annotations: each hint set to true as one token, and string values.
+
+    `readOnlyHint: true` gives `readonly`, not `read` + `only`: nearly every tool
+    carries hints, and splitting them would make "read" or "open" look common
+    in the catalog and weigh them down in every query. ("read only" still
+    prefix-matches `readonly`.)
+    """
+    if not annotations:
+        return []
+    tokens: list[str] = []
+    for key in sorted(annotations):
+        value = annotations[key]
+        if value is True:
+            joined = "".join(tokenize(key.removesuffix("Hint")))
+            if joined:
+                tokens.append(joined)
+        elif isinstance(value, str):
+            tokens.extend(tokenize(value))
+    return tokens
+
+
+def _tokens_of(texts: Iterable[str]) -> list[str]:
+    return [token for text in texts for token in tokenize(text)]
+
+
+def _merge_fields(
+    fields: Iterable[tuple[list[str], float]], into: Mapping[str, float] | None = None
+) -> dict[str, float]:
+    """Term → its best field weight."""
+    terms = dict(into or {})
+    for tokens, weight in fields:
+        for token in tokens:
+            if weight > terms.get(token, 0.0):
+                terms[token] = weight
+    return terms
+
+
+def _raise_to(best: dict[int, float], table: Mapping[int, float], scale: float) -> None:
+    """best[d] = max(best[d], scale × table[d]) for every d in table."""
+    if not best:
+        best.update({d: scale * w for d, w in table.items()})
+    else:
+        best.update({d: v for d, w in table.items() if (v := scale * w) > best.get(d, 0.0)})
+
+
+class ToolSearchIndex:
+    """The search index over loaded catalogs and the metadata of configured upstreams."""
+
+    def __init__(self, params: RankingParams = DEFAULT_PARAMS) -> None:
+        self._p = params
+        self._docs: dict[int, _Doc] = {}  # tools have ids > 0, server cards ids < 0
+        self._tool_ids: dict[str, list[int]] = {}
+        self._card_ids: dict[str, int] = {}
+        self._meta: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self._catalogs: dict[str, Catalog] = {}
+        self._tool_postings: dict[str, Postings] = {}
+        self._card_postings: dict[str, Postings] = {}
+        self._doc_freq: Counter[str] = Counter()  # documents (tools and cards) holding each term
+        self._stems: dict[str, set[str]] = {}
+        self._grams: dict[str, set[str]] = {}
+        self._levels: dict[str, tuple[_Level, ...]] = {}  # per term, dropped when its postings change
+        self._expansions: dict[str, tuple[Tier, Tier, Tier]] = {}
+        self._stats: dict[str, _TokenStats] = {}
+        self._stats_size = 0
+        self._next_id = 1
+
+    # ------------------------------------------------------------ following the catalogs
+
+    def attach(self, store: CatalogStore) -> Callable[[], None]:
+        """Index what `store` holds and follow its changes. Returns an unsubscribe function."""
+        for catalog in store.loaded().values():
+            self.load_catalog(catalog)
+        return store.subscribe(self._on_change)
+
+    def _on_change(self, server: str, catalog: Catalog | None) -> None:
+        if catalog is None:
+            self.drop_catalog(server)
+        else:
+            self.load_catalog(catalog)
+
+    def set_server_metadata(self, server: str, description: str | None, capabilities: Iterable[str]) -> None:
+        """An upstream's operator metadata: part of each of its tools, and its card while unloaded."""
+        self._meta[server] = ((description or "").strip(), tuple(capabilities))
+        if server in self._catalogs:
+            self.load_catalog(self._catalogs[server])
+        else:
+            self._set_card(server)
+
+    def has_server_metadata(self, server: str) -> bool:
+        return server in self._meta
+
+    def load_catalog(self, catalog: Catalog) -> None:
+        """(Re)index the exposed tools of one upstream's catalog, replacing what was there."""
+        server = catalog.server
+        self._remove_tools(server)
+        self._remove_card(server)
+        self._catalogs[server] = catalog
+        server_terms = self._server_terms(server)
+        self._tool_ids[server] = [
+            self._add_doc(_Doc(server, entry.name, entry, self._tool_terms(entry, server_terms)))
+            for entry in catalog.exposed_tools
+        ]
+
+    def drop_catalog(self, server: str) -> None:
+        """Forget one upstream's tools; its card comes back if it has metadata."""
+        self._remove_tools(server)
+        self._catalogs.pop(server, None)
+        if server in self._meta:
+            self._set_card(server)
+
+    def loaded_servers(self) -> list[str]:
+        return sorted(self._catalogs)
+
+    @property
+    def document_count(self) -> int:
+        return len(self._docs)
+
+    @property
+    def vocabulary_size(self) -> int:
+        return len(self._doc_freq)
+
+    def clear_cache(self) -> None:
+        """Forget every cached lookup (rebuilt on demand); benchmarks measure cold searches so."""
+        self._levels.clear()
+        self._forget_queries()
+
+    def _forget_queries(self) -> None:
+        self._expansions.clear()
+        self._stats.clear()
+        self._stats_size = 0
+
+    # ------------------------------------------------------------ documents
+
+    def _server_terms(self, server: str, *, card: bool = False) -> dict[str, float]:
+        """Terms of an upstream's name and metadata, as part of its tools or (`card`) on their own.
+
+        In a tool the operator's description is context shared by all the
+        server's tools and weighs less than the tool's own; on a card it is the
+        main text and weighs as a description.
+        """
+        description, capabilities = self._meta.get(server, ("", ()))
+        p = self._p
+        return _merge_fields(
+            [
+                (tokenize(server), p.server_name),
+                (tokenize(description), p.description if card else p.server_description),
+                (_tokens_of(capabilities), p.capabilities),
+            ]
+        )
+
+    def _tool_terms(self, entry: ToolEntry, server_terms: Mapping[str, float]) -> dict[str, float]:
+        p = self._p
+        name = tokenize(entry.name)
+        name_factor = 1.0 / (1 - p.name_b + p.name_b * len(set(name)) / p.name_pivot)
+        terms = _merge_fields(
+            [
+                (name, p.tool_name * name_factor),
+                (tokenize(entry.title), p.title),
+                (_tokens_of(entry.arg_keys), p.arg_keys),
+                (annotation_tokens(entry.annotations), p.annotations),
+            ],
+            into=server_terms,
+        )
+        description = tokenize(entry.description)
+        length_factor = 1 - p.b + p.b * len(description) / p.pivot
+        for term, tf in Counter(description).items():
+            weight = p.description * tf * (p.k1 + 1) / (tf + p.k1 * length_factor)
+            if weight > terms.get(term, 0.0):
+                terms[term] = weight
+        return terms
+
+    def _set_card(self, server: str) -> None:
+        self._remove_card(server)
+        self._card_ids[server] = self._add_doc(_Doc(server, None, None, self._server_terms(server, card=True)))
+
+    def _remove_card(self, server: str) -> None:
+        doc_id = self._card_ids.pop(server, None)
+        if doc_id is not None:
+            self._remove_doc(doc_id)
+
+    def _remove_tools(self, server: str) -> None:
+        for doc_id in self._tool_ids.pop(server, []):
+            self._remove_doc(doc_id)
+
+    def _add_doc(self, doc: _Doc) -> int:
+        card = doc.tool is None
+        doc_id = -self._next_id if card else self._next_id
+        self._next_id += 1
+        self._docs[doc_id] = doc
+        postings_map = self._card_postings if card else self._tool_postings
+        for term, weight in doc.terms.items():
+            postings_map.setdefault(term, {})[doc_id] = weight
+            self._levels.pop(term, None)
+            self._doc_freq[term] += 1
+            if self._doc_freq[term] == 1:
+                self._add_term(term)
+        self._forget_queries()
+        return doc_id
+
+    def _remove_doc(self, doc_id: int) -> None:
+        doc = self._docs.pop(doc_id)
+        postings_map = self._card_postings if doc_id < 0 else self._tool_postings
+        for term in doc.terms:
+            postings = postings_map[term]
+            del postings[doc_id]
+            if not postings:
+                del postings_map[term]
+            self._levels.pop(term, None)
+            self._doc_freq[term] -= 1
+            if not self._doc_freq[term]:
+                del self._doc_freq[term]
+                self._remove_term(term)
+        self._forget_queries()
+
+    def _add_term(self, term: str) -> None:
+        self._stems.setdefault(stem(term), set()).add(term)
+        for gram in _grams(term):
+            self._grams.setdefault(gram, set()).add(term)
+
+    def _remove_term(self, term: str) -> None:
+        key = stem(term)
+        self._stems[key].discard(term)
+        if not self._stems[key]:
+            del self._stems[key]
+        for gram in _grams(term):
+            terms = self._grams[gram]
+            terms.discard(term)
+            if not terms:
+                del self._grams[gram]
+
+    # ------------------------------------------------------------ token lookup
+
+    def _expand(self, token: str) -> tuple[Tier, Tier, Tier]:
+        """The vocabulary terms `token` matches, per tier: (exact, prefix, substring)."""
+        cached = self._expansions.get(token)
+        if cached is not None:
+            return cached
+        same_stem = self._stems.get(stem(token), set())
+        exact = tuple((t, 1.0 if t == token else self._p.stem_match) for t in sorted(same_stem))
+        prefix: list[tuple[str, float]] = []
+        substring: list[tuple[str, float]] = []
+        for term in sorted(self._partial_candidates(token) - same_stem):
+            (prefix if term.startswith(token) else substring).append((term, 1.0))
+        expansion = (exact, tuple(prefix), tuple(substring))
+        if len(self._expansions) >= _TOKEN_CACHE:
+            self._expansions.clear()
+        self._expansions[token] = expansion
+        return expansion
+
+    def _partial_candidates(self, token: str) -> set[str]:
+        """Vocabulary terms that contain `token` and are longer, found through the gram table."""
+        if not (len(token) >= self._p.min_partial or is_cjk(token)):
+            return set()
+        sets = []
+        for gram in _grams(token):
+            terms = self._grams.get(gram)
+            if terms is None:
+                return set()
+            sets.append(terms)
+        sets.sort(key=len)
+        found = set(sets[0]).intersection(*sets[1:])
+        found.discard(token)
+        if len(token) > 3 or is_cjk(token):
+            found = {t for t in found if token in t}
+        return found
+
+    def _idf(self, df: int) -> float:
+        n = len(self._docs)
+        return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+
+    def _token_stats(self, token: str) -> _TokenStats:
+        """What `token` is worth in each document (cached until the index changes, oldest out first)."""
+        cached = self._stats.get(token)
+        if cached is None:
+            cached = self._stats[token] = self._compute_stats(token)
+            self._stats_size += _stats_size(cached)
+            while self._stats_size > _STATS_BUDGET and len(self._stats) > 1:
+                self._stats_size -= _stats_size(self._stats.pop(next(iter(self._stats))))
+        return cached
+
+    def _doc_freqs(self, tiers: tuple[Tier, Tier, Tier]) -> list[int]:
+        """Documents matching at the exact tier, at prefix or better, at any tier."""
+        counts = [0, 0, 0]
+        for postings_map in (self._tool_postings, self._card_postings):
+            matched: set[int] = set()
+            for level, tier in enumerate(tiers):
+                for term, _ in tier:
+                    matched.update(postings_map.get(term, ()))
+                counts[level] += len(matched)
+        return counts
+
+    def _compute_stats(self, token: str) -> _TokenStats:
+        tiers = self._expand(token)
+        doc_freqs = self._doc_freqs(tiers)
+        if not doc_freqs[2]:
+            return _NO_MATCH
+        p = self._p
+        scaled: list[tuple[str, float]] = []  # (term, scale) of every term the token matches
+        for tier, df, factor in zip(tiers, doc_freqs, (1.0, p.prefix, p.substring), strict=True):
+            if tier:
+                idf = self._idf(df) * factor
+                scaled.extend((term, idf * term_factor) for term, term_factor in tier)
+        # The longest postings list is read in place (its levels cached per term);
+        # the others are merged into one table, so a document is probed at most twice.
+        longest = max(scaled, key=lambda item: (len(self._tool_postings.get(item[0], ())), item[0]))[0]
+        sources: list[_Source] = []
+        merged: dict[int, float] = {}
+        cards: dict[int, float] = {}
+        for term, scale in scaled:
+            table = self._tool_postings.get(term)
+            if table and term == longest and len(table) > _BIG:
+                sources.append(_Source(table, scale, self._term_levels(term, table)))
+            elif table:
+                _raise_to(merged, table, scale)
+            _raise_to(cards, self._card_postings.get(term, {}), scale)
+        if merged:
+            sources.append(_Source(merged, 1.0, _levels(merged), owned=True))
+        return _TokenStats(tuple(sources), cards, self._idf(doc_freqs[2]))
+
+    def _term_levels(self, term: str, table: Postings) -> tuple[_Level, ...]:
+        levels = self._levels.get(term)
+        if levels is None:
+            levels = self._levels[term] = _levels(table)
+        return levels
+
+    # ------------------------------------------------------------ ranking
+
+    def _query_stats(self, query: str) -> list[_TokenStats]:
+        """Stats of the distinct query tokens that match anything, in sorted token order."""
+        stats = (self._token_stats(token) for token in sorted(set(tokenize(query))))
+        return [s for s in stats if s.weight > 0]
+
+    def search(self, query: str, limit: int) -> list[Hit]:
+        """The best `limit` exposed tools of loaded catalogs, by score, ties on (server, tool)."""
+        stats = self._query_stats(query)
+        if not stats or limit <= 0:
+            return []
+        scored = _TopK([s.sources for s in stats], limit).run()
+        hits = []
+        for doc_id, score in _top(list(scored.items()), limit, self._docs):
+            doc = self._docs[doc_id]
+            assert doc.entry is not None and doc.tool is not None
+            hits.append(Hit(doc.server, doc.tool, score, doc.entry))
+        return hits
+
+    def all_scores(self, query: str) -> dict[tuple[str, str], float]:
+        """The score of every matching exposed tool, by (server, tool), without pruning.
+
+        `search` returns the best of these; tests and diagnostics compare against it.
+        """
+        stats = self._query_stats(query)
+        matched = {d for s in stats for source in s.sources for d in source.table}
+        scores = _bulk_scores(matched, [s.sources for s in stats])
+        docs = self._docs
+        return {(docs[d].server, docs[d].tool or ""): score for d, score in scores.items()}
+
+    def search_servers(self, query: str, servers: Iterable[str]) -> list[ServerHit]:
+        """Upstreams among `servers` whose catalog is not loaded and whose name or metadata matches."""
+        wanted = {self._card_ids[s] for s in servers if s in self._card_ids}
+        stats = self._query_stats(query)
+        if not stats or not wanted:
+            return []
+        found = {d for s in stats for d in s.cards if d in wanted}
+        tokens = [(_Source(s.cards, 1.0, ()),) for s in stats]
+        scored = _bulk_scores(found, tokens)
+        hits = []
+        for doc_id, score in _top(list(scored.items()), len(scored), self._docs):
+            server = self._docs[doc_id].server
+            description, capabilities = self._meta.get(server, ("", ()))
+            hits.append(ServerHit(server, score, description, capabilities))
+        return hits
+
+
+# ---------------------------------------------------------------- retrieval
+
+
+def _token_values(docs: Mapping[int, Any], sources: Sequence[_Source]) -> dict[int, float]:
+    """Per document of `docs` that the token matches, its highest value over the sources.
+
+    Each source is walked or probed, whichever is shorter.
+    """
+    values: dict[int, float] = {}
+    for source in sources:
+        table, scale = source.table, source.scale
+        if len(table) <= len(docs):
+            found = {d: scale * w for d, w in table.items() if d in docs}
+        else:
+            get = table.get
+            found = {d: scale * w for d in docs if (w := get(d)) is not None}
+        if not values:
+            values = found
+        else:
+            values.update({d: v for d, v in found.items() if v > values.get(d, 0.0)})
+    return values
+
+
+def _bulk_scores(docs: Iterable[int], tokens: Sequence[Sequence[_Source]]) -> dict[int, float]:
+    """Full scores of `docs`: per document, the sum of its token values in token order.
+
+    Token order is sorted query-token order, so a document's float sum does not
+    depend on which documents were scored together or how they were found.
+    """
+    totals = dict.fromkeys(docs, 0.0)
+    for sources in tokens:
+        values = _token_values(totals, sources)
+        totals.update({d: totals[d] + v for d, v in values.items()})
+    return totals
+
+
+class _TopK:
+    """Finds a set of documents, with exact scores, that surely holds the top `limit`.
+
+    MaxScore pruning. Every source of every token is split into blocks (its
+    levels, by falling value), taken from the highest bound down; their new
+    documents are scored a batch at a time. A token's *ceiling* is the highest
+    bound of its blocks not taken yet: what it can add to a document not seen so
+    far. Tokens whose ceilings sum to less than the current `limit`-th best score
+    become *non-essential*, for good: a document that only they match cannot
+    reach the top, so their blocks are no longer walked (a document they match
+    together with an essential token is found through that token's blocks, and
+    scored in full). When every token is non-essential, retrieval is over.
+
+    Scoring a batch first adds token values in order of falling token bound and
+    drops a document as soon as even the best values of its remaining tokens
+    could not lift it to the `limit`-th best score (most candidates of a common
+    word go after one or two probes); survivors are then scored exactly, in
+    sorted token order, so their floats do not depend on how they were found.
+    """
+
+    def __init__(self, tokens: Sequence[Sequence[_Source]], limit: int) -> None:
+        self.tokens = tokens
+        self.limit = limit
+        self.taken = [[0] * len(sources) for sources in tokens]  # per source, levels taken so far
+        self.non_essential: set[int] = set()
+        self.non_essential_sum = 0.0  # sum of their ceilings, frozen when they joined
+        self.seen: set[int] = set()
+        self.scored: dict[int, float] = {}
+        self.best: list[float] = []  # the `limit` best scores so far, best first
+        bounds = [self._ceiling(i) for i in range(len(tokens))]
+        self.order = sorted(range(len(tokens)), key=lambda i: -bounds[i])
+        self.rest = [0.0] * (len(tokens) + 1)  # rest[p]: sum of the bounds of order[p:]
+        for pos in range(len(tokens) - 1, -1, -1):
+            self.rest[pos] = self.rest[pos + 1] + bounds[self.order[pos]]
+
+    def run(self) -> dict[int, float]:
+        blocks = sorted(
+            (-source.scale * level.bound, i, j, k)
+            for i, sources in enumerate(self.tokens)
+            for j, source in enumerate(sources)
+            for k, level in enumerate(source.levels)
+        )
+        batch: dict[int, None] = {}
+        for _, i, j, k in blocks:
+            if len(batch) >= _BATCH or (len(self.best) < self.limit <= len(self.best) + len(batch)):
+                self._score(batch)
+                batch = {}
+            self._update_non_essential()
+            if len(self.non_essential) == len(self.tokens):
+                break
+            if i in self.non_essential:
+                continue
+            self.taken[i][j] = k + 1
+            batch.update((d, None) for d in self.tokens[i][j].levels[k].docs if d not in self.seen)
+        self._score(batch)
+        return self.scored
+
+    def _full(self) -> bool:
+        return len(self.best) >= self.limit
+
+    def _ceiling(self, i: int) -> float:
+        """The most token `i` can add to a document in none of its blocks taken so far."""
+        return max(
+            (
+                source.scale * source.levels[k].bound
+                for source, k in zip(self.tokens[i], self.taken[i], strict=True)
+                if k < len(source.levels)
+            ),
+            default=0.0,
+        )
+
+    def _update_non_essential(self) -> None:
+        if not self._full():
+            return
+        floor = self.best[-1] * (1 - 1e-9)
+        ceilings = {i: self._ceiling(i) for i in range(len(self.tokens)) if i not in self.non_essential}
+        for i in sorted(ceilings, key=lambda i: (ceilings[i], i)):
+            if self.non_essential_sum + ceilings[i] >= floor:
+                break
+            self.non_essential.add(i)
+            self.non_essential_sum += ceilings[i]
+
+    def _score(self, batch: dict[int, None]) -> None:
+        self.seen.update(batch)
+        alive: dict[int, float] = dict.fromkeys(batch, 0.0)
+        if self._full():
+            floor = self.best[-1] * (1 - 1e-9)
+            for pos, i in enumerate(self.order):
+                values = _token_values(alive, self.tokens[i])
+                alive.update({d: alive[d] + v for d, v in values.items()})
+                rest = self.rest[pos + 1]
+                alive = {d: s for d, s in alive.items() if s + rest >= floor}
+                if not alive:
+                    return
+        fresh = _bulk_scores(alive, self.tokens)
+        self.scored.update(fresh)
+        self.best = heapq.nlargest(self.limit, chain(self.best, fresh.values()))
+
+
+def _top(items: list[tuple[int, float]], limit: int, docs: Mapping[int, _Doc]) -> list[tuple[int, float]]:
+    """The `limit` best (document, score) pairs: score descending, ties on (server, tool)."""
+    if limit <= 0 or not items:
+        return []
+    if len(items) > limit:
+        threshold = heapq.nlargest(limit, items, key=itemgetter(1))[-1][1]
+        items = [item for item in items if item[1] >= threshold]
+
+    def key(item: tuple[int, float]) -> tuple[float, str, str]:
+        doc = docs[item[0]]
+        return (-item[1], doc.server, doc.tool or "")
+
+    return sorted(items, key=key)[:limit]

@@ -1,0 +1,96 @@
+"""Tokenizer and light stemmer of the deterministic tool search (DESIGN §2.2).
+
+Tokens are lower-cased runs of letters and digits. Text splits on whitespace,
+punctuation, `_`, `-`, `.`, `/` and camelCase boundaries (`getUserProfile` →
+get, user, profile; `HTTPServer` → http, server; `base64Encode` → base64,
+encode; `URLs` → urls). Han and kana runs have no word boundaries, so they
+become overlapping character bigrams (`搜索结果` → 搜索, 索结, 结果): Chinese and
+Japanese descriptions are searchable at all, and a query written in them matches.
+
+`stem` folds English plural, `-ing`, `-ed` and final `-e` endings so that
+"converts", "converting" and "convert" meet. The search treats equal stems as an
+exact match only; prefix and substring matching use the surface forms, so
+stemming never widens the weaker tiers.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+_ALNUM_RUN = re.compile(r"[^\W_]+")
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_CJK_SPLIT = re.compile(f"[{_CJK}]+|[^{_CJK}]+")
+_CJK_CHAR = re.compile(f"[{_CJK}]")
+# ASCII camelCase pieces: an acronym plural (URLs), an acronym before a capitalised
+# word (HTTP|Server), a word with an optional leading capital, a bare acronym.
+_CAMEL = re.compile(r"[A-Z0-9]+s(?![a-z])|[A-Z0-9]+(?=[A-Z][a-z])|[A-Z0-9]*[a-z0-9]+|[A-Z0-9]+")
+
+
+def is_cjk(token: str) -> bool:
+    """True for a token made of Han or kana characters (a bigram or a single character)."""
+    return bool(token) and _CJK_CHAR.match(token) is not None
+
+
+def _cjk_grams(chunk: str) -> list[str]:
+    if len(chunk) == 1:
+        return [chunk]
+    return [chunk[i : i + 2] for i in range(len(chunk) - 1)]
+
+
+def _split_run(run: str) -> list[str]:
+    if run.isascii():
+        return [piece.lower() for piece in _CAMEL.findall(run)]
+    out: list[str] = []
+    for chunk in _CJK_SPLIT.findall(run):
+        if _CJK_CHAR.match(chunk):
+            out.extend(_cjk_grams(chunk))
+        elif chunk.isascii():
+            out.extend(piece.lower() for piece in _CAMEL.findall(chunk))
+        else:
+            out.append(chunk.lower())
+    return out
+
+
+def tokenize(text: str | None) -> list[str]:
+    """Every token of `text`, in order, repeats kept."""
+    if not text:
+        return []
+    tokens: list[str] = []
+    for run in _ALNUM_RUN.findall(text):
+        tokens.extend(_split_run(run))
+    return tokens
+
+
+_PLURAL_KEEP = ("us", "ss", "is")
+
+
+def _strip_plural(word: str) -> str:
+    if word.endswith("ies") and not word.endswith(("eies", "aies")) and len(word) > 4:
+        return word[:-3] + "y"
+    if word.endswith("es") and not word.endswith(("aes", "ees", "oes")):
+        return word[:-1]
+    if word.endswith("s") and not word.endswith(_PLURAL_KEEP):
+        return word[:-1]
+    return word
+
+
+def _strip_verb(word: str) -> str:
+    for suffix in ("ing", "ed"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3 and not word.endswith("eed"):
+            word = word[: -len(suffix)]
+            if word[-1] == word[-2] and word[-1] not in "lsz":
+                word = word[:-1]  # running → run, stopped → stop; called, passed stay
+            return word
+    return word
+
+
+@lru_cache(maxsize=65536)
+def stem(token: str) -> str:
+    """A light, deterministic English stem; other tokens come back unchanged."""
+    if len(token) <= 3 or not token.isascii() or not token.isalpha():
+        return token
+    word = _strip_verb(_strip_plural(token))
+    if word.endswith("e") and len(word) > 3:
+        word = word[:-1]  # create/created/creating → creat
+    return word

@@ -1,0 +1,253 @@
+"""`catalog_search_tools`: deterministic lexical search over every upstream's tools (DESIGN §2.2).
+
+The ranking lives in `aggregator.catalog.search`; this module validates the
+call, starts upstreams for `load: true`, turns hits into the result shape and
+applies the byte cap. `format_results_table` renders a result for the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+import mcp.types as types
+
+from aggregator.catalog.caps import cap_list
+from aggregator.catalog.model import summarize
+from aggregator.catalog.search import Hit, ServerHit, ToolSearchIndex
+from aggregator.catalog.source import CatalogSource
+from aggregator.faults import Fault, invalid_argument
+from aggregator.tools.base import READ_ONLY, OwnTool, ToolContext, fault_result, json_result
+
+TOOL_NAME = "catalog_search_tools"
+LIMIT_DEFAULT = 8
+LIMIT_MAX = 50
+SCORE_DIGITS = 4
+SUMMARY_COLUMN = 80  # characters of a summary shown by format_results_table
+
+DESCRIPTION = (
+    "Find upstream tools for a task: ranked, deterministic keyword search over server names and "
+    "descriptions, tool names, titles, descriptions, argument names and annotations. Write what you "
+    "want to do ('convert a time between time zones') or keywords ('git diff'). Results give server, "
+    "tool, a one-line summary, argument names and a score; call the tool with catalog_call_tool "
+    "(catalog_describe_tool shows its schema). Servers not started yet match on their name and "
+    "description as server-level results (tool: null); pass load: true to start them and search "
+    "their tools too (slower; servers that fail to start are listed under 'failed')."
+)
+
+INPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "query": {
+            "type": "string",
+            "description": "What you want to do, in words or keywords.",
+        },
+        "limit": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": LIMIT_MAX,
+            "default": LIMIT_DEFAULT,
+            "description": "Most results to return.",
+        },
+        "load": {
+            "type": "boolean",
+            "default": False,
+            "description": "Start upstreams whose catalogs are not loaded and search their tools too.",
+        },
+    },
+    "required": ["query"],
+    "additionalProperties": False,
+}
+
+
+def search_tool(source: CatalogSource, index: ToolSearchIndex, max_result_bytes: int) -> OwnTool:
+    """The `catalog_search_tools` tool over `source`, ranking with `index`."""
+
+    async def handler(arguments: Mapping[str, Any], ctx: ToolContext) -> types.CallToolResult:
+        return await search_tools(source, index, arguments, max_result_bytes)
+
+    return OwnTool(
+        name=TOOL_NAME,
+        description=DESCRIPTION,
+        input_schema=INPUT_SCHEMA,
+        handler=handler,
+        title="Search upstream tools",
+        annotations=READ_ONLY,
+    )
+
+
+async def search_tools(
+    source: CatalogSource,
+    index: ToolSearchIndex,
+    arguments: Mapping[str, Any],
+    max_result_bytes: int,
+) -> types.CallToolResult:
+    """Run one search: `{results, truncated}`, plus `failed` when `load: true` could not start some upstream."""
+    try:
+        query, limit, load = parse_arguments(arguments)
+        _sync_metadata(source, index)
+        failed = await load_unloaded(source) if load else []
+        results = rank(source, index, query, limit, with_servers=not load)
+        payload = cap_list(results, lambda items, cut: _payload(items, cut, failed), max_result_bytes)
+    except Fault as fault:
+        return fault_result(fault)
+    return json_result(payload)
+
+
+# ---------------------------------------------------------------- steps
+
+
+def parse_arguments(arguments: Mapping[str, Any] | None) -> tuple[str, int, bool]:
+    """(query, limit, load), or `invalid_argument`."""
+    arguments = arguments or {}
+    query = arguments.get("query")
+    if not isinstance(query, str):
+        raise invalid_argument("'query' must be a string: what you want to do, or keywords")
+    if not query.strip():
+        raise invalid_argument("'query' must not be empty or whitespace")
+    limit = arguments.get("limit")
+    if limit is None:
+        limit = LIMIT_DEFAULT
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise invalid_argument(f"'limit' must be an integer in 1..{LIMIT_MAX}")
+    if not 1 <= limit <= LIMIT_MAX:
+        raise invalid_argument(f"'limit' must be in 1..{LIMIT_MAX}, got {limit}")
+    load = arguments.get("load")
+    if load is None:
+        load = False
+    if not isinstance(load, bool):
+        raise invalid_argument(f"'load' must be a boolean, got {type(load).__name__}")
+    return query, limit, load
+
+
+def _sync_metadata(source: CatalogSource, index: ToolSearchIndex) -> None:
+    """Give the index the metadata of any configured upstream it does not know yet."""
+    for name in source.upstream_names():
+        if not index.has_server_metadata(name):
+            index.set_server_metadata(name, *source.metadata(name))
+
+
+async def load_unloaded(source: CatalogSource) -> list[dict[str, str]]:
+    """Start, concurrently and once each, every upstream whose catalog is not loaded.
+
+    Upstreams inside their backoff window are not started. Returns what could not
+    be loaded, sorted by server: `{server, reason, message}`.
+    """
+    failed: list[dict[str, str]] = []
+    to_start: list[str] = []
+    for name in source.upstream_names():
+        if source.store.get(name) is not None:
+            continue
+        if source.in_backoff(name):
+            message = "inside its backoff window after a crash; not started, retry later"
+            failed.append({"server": name, "reason": "upstream_unavailable", "message": message})
+        else:
+            to_start.append(name)
+
+    async def start(name: str) -> None:
+        try:
+            await source.ensure_catalog(name)
+        except Fault as fault:
+            failed.append({"server": name, "reason": fault.reason, "message": fault.message})
+        except Exception as exc:  # a bug in one upstream's start must not fail the whole search
+            failed.append({"server": name, "reason": "upstream_error", "message": f"{type(exc).__name__}: {exc}"})
+
+    async with anyio.create_task_group() as tg:
+        for name in to_start:
+            tg.start_soon(start, name)
+    return sorted(failed, key=lambda item: item["server"])
+
+
+def rank(
+    source: CatalogSource, index: ToolSearchIndex, query: str, limit: int, *, with_servers: bool
+) -> list[dict[str, Any]]:
+    """The best `limit` results: tools of loaded catalogs, and with `with_servers` unloaded upstreams."""
+    ranked: list[tuple[float, str, str, dict[str, Any]]] = [
+        (hit.score, hit.server, hit.tool, tool_result(hit)) for hit in index.search(query, limit)
+    ]
+    if with_servers:
+        unloaded = [name for name in source.upstream_names() if source.store.get(name) is None]
+        ranked += [(hit.score, hit.server, "", server_result(hit)) for hit in index.search_servers(query, unloaded)]
+    ranked.sort(key=lambda item: (-item[0], item[1], item[2]))
+    return [item[3] for item in ranked[:limit]]
+
+
+def tool_result(hit: Hit) -> dict[str, Any]:
+    entry = hit.entry
+    return {
+        "server": hit.server,
+        "tool": hit.tool,
+        "title": entry.title,
+        "summary": entry.summary,
+        "arg_keys": entry.arg_keys,
+        "score": round(hit.score, SCORE_DIGITS),
+        "catalog_loaded": True,
+    }
+
+
+def server_result(hit: ServerHit) -> dict[str, Any]:
+    summary = summarize(hit.description)
+    if not summary and hit.capabilities:
+        summary = "capabilities: " + ", ".join(hit.capabilities)
+    return {
+        "server": hit.server,
+        "tool": None,
+        "summary": summary,
+        "score": round(hit.score, SCORE_DIGITS),
+        "catalog_loaded": False,
+        "next": f"catalog_list_tools(server={json.dumps(hit.server)})",
+    }
+
+
+def _payload(items: list[Any], truncated: bool, failed: list[dict[str, str]]) -> dict[str, Any]:
+    payload: dict[str, Any] = {"results": items, "truncated": truncated}
+    if failed:
+        payload["failed"] = failed
+    return payload
+
+
+# ---------------------------------------------------------------- CLI table
+
+
+def format_results_table(payload: Mapping[str, Any]) -> str:
+    """A search result as a ranked text table (for `aggregator search`)."""
+    results: Sequence[Mapping[str, Any]] = payload.get("results") or []
+    lines: list[str] = []
+    if results:
+        rows = [_row(rank, item) for rank, item in enumerate(results, 1)]
+        header = ("#", "score", "server", "tool", "summary")
+        widths = [max(len(header[c]), *(len(row[c]) for row in rows)) for c in range(4)]
+        lines.append(_line(header, widths))
+        lines.append(_line((*("-" * w for w in widths), "-" * 7), widths))
+        lines += [_line(row, widths) for row in rows]
+    else:
+        lines.append("no matching tools")
+    if payload.get("truncated"):
+        lines.append("(truncated: more results did not fit max_result_bytes)")
+    for failure in payload.get("failed") or []:
+        lines.append(f"failed to load {failure['server']}: {failure['reason']}: {failure['message']}")
+    return "\n".join(lines)
+
+
+def _row(rank: int, item: Mapping[str, Any]) -> tuple[str, str, str, str, str]:
+    score = item.get("score")
+    score_text = f"{score:.4f}" if isinstance(score, int | float) else ""
+    summary = _clip(item.get("summary") or "", SUMMARY_COLUMN)
+    if item.get("tool") is None:
+        tool = "(not loaded)"
+        hint = f"→ {item.get('next', '')}"
+        summary = f"{summary} {hint}" if summary else hint
+    else:
+        tool = str(item["tool"])
+    return (str(rank), score_text, str(item.get("server", "")), tool, summary)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _line(cells: tuple[str, ...], widths: list[int]) -> str:
+    padded = [cell.rjust(widths[i]) if i < 2 else cell.ljust(widths[i]) for i, cell in enumerate(cells[:4])]
+    return "  ".join([*padded, cells[4]]).rstrip()

@@ -1,0 +1,351 @@
+"""Tokenizer, incremental index and ranking of catalog_search_tools (DESIGN §2.2)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aggregator.catalog.model import Catalog, ToolEntry, clean_tool, sorted_unique
+from aggregator.catalog.search import ToolSearchIndex, annotation_tokens
+from aggregator.catalog.store import CatalogStore
+from aggregator.catalog.tokens import is_cjk, stem, tokenize
+from tests.conftest import SHARED_DATA
+
+CATALOG_FILES = {
+    "everything": "server-everything.json",
+    "filesystem": "server-filesystem.json",
+    "memory": "server-memory.json",
+    "sequential-thinking": "server-sequential-thinking.json",
+    "time": "mcp-server-time.json",
+    "fetch": "mcp-server-fetch.json",
+    "git": "mcp-server-git.json",
+    "sqlite": "mcp-server-sqlite.json",
+}
+METADATA = {
+    "git": ("Git repository operations", ["git", "commits", "diff", "branches"]),
+    "time": ("Current time and time-zone conversion", []),
+    "memory": ("Knowledge graph memory", ["entities", "relations"]),
+}
+
+
+def real_catalog(server: str) -> Catalog:
+    raw = json.loads((SHARED_DATA / "catalogs" / CATALOG_FILES[server]).read_text())
+    return Catalog(server, sorted_unique(clean_tool(server, tool) for tool in raw["tools"]))
+
+
+REAL = {server: real_catalog(server) for server in CATALOG_FILES}
+
+
+def synthetic(server: str, *tools: Mapping[str, Any], hidden: Iterable[str] = ()) -> Catalog:
+    hide = set(hidden)
+    entries = [clean_tool(server, dict(t), hidden=t["name"] in hide) for t in tools]
+    return Catalog(server, sorted_unique(entries))
+
+
+def build(
+    catalogs: Iterable[Catalog], metadata: Mapping[str, tuple[str, list[str]]] | None = None
+) -> tuple[ToolSearchIndex, CatalogStore]:
+    store = CatalogStore()
+    index = ToolSearchIndex()
+    index.attach(store)
+    for server, (description, caps) in (metadata or {}).items():
+        index.set_server_metadata(server, description, caps)
+    for catalog in catalogs:
+        store.put(catalog)
+    return index, store
+
+
+def ranked(index: ToolSearchIndex, query: str, limit: int = 50) -> list[tuple[str, str]]:
+    return [(h.server, h.tool) for h in index.search(query, limit)]
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        ("getUserProfile", ["get", "user", "profile"]),
+        ("get_user-profile.v2/x", ["get", "user", "profile", "v2", "x"]),
+        ("HTTPServer base64Encode", ["http", "server", "base64", "encode"]),
+        ("list URLs and IDs", ["list", "urls", "and", "ids"]),
+        ("mcp-server-time: convert_time()", ["mcp", "server", "time", "convert", "time"]),
+        ("Café résumé", ["café", "résumé"]),
+        ("搜索结果", ["搜索", "索结", "结果"]),
+        ("用bing搜索", ["用", "bing", "搜索"]),
+        ("", []),
+        ("  \t ", []),
+    ],
+)
+def test_tokenize(text: str, tokens: list[str]) -> None:
+    assert tokenize(text) == tokens
+
+
+def test_stem_folds_plurals_and_verb_endings_on_both_sides() -> None:
+    for a, b in [("converts", "convert"), ("converting", "converted"), ("files", "file"), ("queries", "query")]:
+        assert stem(a) == stem(b)
+    assert stem("status") == "status"
+    assert stem("git") == "git"  # short tokens stay
+    assert stem("résumés") == "résumés"  # non-ASCII stays
+    assert is_cjk("搜索") and not is_cjk("search")
+
+
+def test_annotation_hints_are_single_tokens() -> None:
+    tokens = annotation_tokens({"readOnlyHint": True, "destructiveHint": False, "title": "Read File"})
+    assert tokens == ["readonly", "read", "file"]
+
+
+# ---------------------------------------------------------------- ranking rules
+
+
+TIERS = synthetic(
+    "tiers",
+    {"name": "search", "description": "Look things up."},
+    {"name": "searcher_tool", "description": "Another tool."},
+    {"name": "research_tool", "description": "A third tool."},
+    {"name": "unrelated", "description": "Nothing to see."},
+)
+
+
+def test_exact_above_prefix_above_substring() -> None:
+    index, _ = build([TIERS])
+    hits = index.search("search", 10)
+    assert [h.tool for h in hits] == ["search", "searcher_tool", "research_tool"]
+    assert hits[0].score > hits[1].score > hits[2].score
+
+
+def test_short_tokens_match_only_exactly() -> None:
+    index, _ = build([synthetic("s", {"name": "get_value"}, {"name": "budget"}, {"name": "ge"})])
+    assert ranked(index, "ge") == [("s", "ge")]
+
+
+def test_tool_name_match_above_description_only_match() -> None:
+    catalog = synthetic(
+        "s",
+        {"name": "archive", "description": "Packs files."},
+        {"name": "pack_files", "description": "Puts files in an archive."},
+    )
+    index, _ = build([catalog])
+    assert ranked(index, "archive") == [("s", "archive"), ("s", "pack_files")]
+
+
+def test_rare_exact_match_beats_common_words() -> None:
+    common = [{"name": f"tool_{i}", "description": "Read the file and return the file contents."} for i in range(30)]
+    rare = {"name": "shift_clock", "description": "Shift a timestamp into another timezone."}
+    index, _ = build([synthetic("s", *common, rare)])
+    assert ranked(index, "read the file in my timezone")[0] == ("s", "shift_clock")
+
+
+def test_natural_language_query_on_real_catalogs() -> None:
+    index, _ = build(REAL.values(), METADATA)
+    assert ranked(index, "find the tool that converts a time between zones")[0] == ("time", "convert_time")
+    assert ranked(index, "commit")[0] == ("git", "git_commit")
+    assert ranked(index, "write a file")[0] == ("filesystem", "write_file")
+    assert ranked(index, "fetch a web page")[0] == ("fetch", "fetch")
+
+
+def test_ties_break_on_server_then_tool() -> None:
+    twin = {"name": "ping", "description": "Ping."}
+    index, _ = build([synthetic("b", twin), synthetic("a", twin, {"name": "ping2", "description": "Ping."})])
+    hits = index.search("ping", 10)
+    assert [(h.server, h.tool) for h in hits[:2]] == [("a", "ping"), ("b", "ping")]
+    assert hits[0].score == hits[1].score
+
+
+def test_cjk_descriptions_are_searchable() -> None:
+    catalog = synthetic(
+        "bing-cn",
+        {"name": "bing_search", "description": "使用必应搜索指定的关键词，并返回搜索结果列表"},
+        {"name": "fetch_webpage", "description": "根据提供的ID获取对应网页的内容"},
+    )
+    index, _ = build([catalog])
+    assert ranked(index, "搜索关键词") == [("bing-cn", "bing_search")]
+    assert ranked(index, "网页")[0] == ("bing-cn", "fetch_webpage")
+    assert ranked(index, "搜")[0] == ("bing-cn", "bing_search")  # one character prefix-matches a bigram
+
+
+def test_fields_searched_include_args_annotations_title_and_metadata() -> None:
+    catalog = synthetic(
+        "weather",
+        {"name": "lookup", "inputSchema": {"type": "object", "properties": {"postalCode": {"type": "string"}}}},
+        {"name": "wipe", "annotations": {"destructiveHint": True}},
+        {"name": "t1", "title": "Barometer Reading"},
+    )
+    index, _ = build([catalog], {"weather": ("Forecasts from the met office", ["meteorology"])})
+    assert ranked(index, "postal code") == [("weather", "lookup")]
+    assert ranked(index, "destructive") == [("weather", "wipe")]
+    assert ranked(index, "barometer") == [("weather", "t1")]
+    assert {t for _, t in ranked(index, "meteorology")} == {"lookup", "wipe", "t1"}
+
+
+def test_hidden_tools_are_not_searchable() -> None:
+    catalog = synthetic("s", {"name": "delete_all"}, {"name": "delete_one"}, hidden=["delete_all"])
+    index, _ = build([catalog])
+    assert ranked(index, "delete") == [("s", "delete_one")]
+
+
+def test_no_match_and_empty_query() -> None:
+    index, _ = build(REAL.values())
+    assert index.search("zzqqxxv", 8) == []
+    assert index.search("   ", 8) == []
+    assert index.search("commit", 0) == []
+
+
+# ---------------------------------------------------------------- incremental maintenance
+
+
+def test_index_follows_store_changes() -> None:
+    index, store = build([REAL["git"]])
+    assert ranked(index, "timezone") == []
+    store.put(REAL["time"])
+    assert ranked(index, "timezone")[0][0] == "time"
+    changed = synthetic("time", {"name": "now", "description": "The current timezone offset."})
+    store.put(changed)
+    assert ranked(index, "timezone") == [("time", "now")]
+    store.drop("time")
+    assert ranked(index, "timezone") == []
+
+
+def test_attach_indexes_what_the_store_already_holds() -> None:
+    store = CatalogStore()
+    store.put(REAL["git"])
+    index = ToolSearchIndex()
+    unsubscribe = index.attach(store)
+    assert ranked(index, "commit")[0] == ("git", "git_commit")
+    unsubscribe()
+    store.drop("git")
+    assert ranked(index, "commit")[0] == ("git", "git_commit")  # no longer following
+
+
+def test_dropping_everything_empties_the_vocabulary() -> None:
+    index, store = build(REAL.values(), METADATA)
+    assert index.vocabulary_size > 100
+    for server in REAL:
+        store.drop(server)
+    for server in METADATA:
+        index.set_server_metadata(server, "", [])
+    assert index.document_count == len(METADATA)  # the cards of the configured upstreams remain
+    assert index.vocabulary_size == len(METADATA)  # their names only
+    assert ranked(index, "commit") == []
+
+
+def test_server_cards_for_unloaded_upstreams() -> None:
+    index, store = build([REAL["time"]], {**METADATA, "weather": ("Forecasts and alerts", ["forecast"])})
+    hits = index.search_servers("git commits", ["git", "weather", "memory"])
+    assert [h.server for h in hits] == ["git"]
+    assert hits[0].description == "Git repository operations"
+    assert index.search_servers("forecast", ["git"]) == []  # only the servers asked about
+    assert index.search_servers("time", ["time"]) == []  # loaded: no card
+    store.put(REAL["git"])
+    assert index.search_servers("git commits", ["git"]) == []
+    store.drop("git")
+    assert [h.server for h in index.search_servers("git commits", ["git"])] == ["git"]
+
+
+def test_metadata_change_reindexes_loaded_tools() -> None:
+    index, _ = build([REAL["fetch"]])
+    assert ranked(index, "crawler") == []
+    index.set_server_metadata("fetch", "Web crawler", ["http"])
+    assert ranked(index, "crawler") == [("fetch", "fetch")]
+
+
+# ---------------------------------------------------------------- properties
+
+VOCABULARY = sorted(
+    {
+        token
+        for catalog in REAL.values()
+        for tool in catalog.tools
+        for token in tokenize(f"{tool.name} {tool.description}")
+        if len(token) > 1
+    }
+)
+WORD = st.one_of(st.sampled_from(VOCABULARY), st.sampled_from(VOCABULARY).map(lambda w: w[: max(3, len(w) // 2)]))
+QUERY = st.lists(WORD, min_size=1, max_size=8).map(" ".join)
+ORDER = st.permutations(sorted(REAL))
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+BASELINE, _ = build(REAL.values(), METADATA)
+
+
+def _results(index: ToolSearchIndex, query: str, limit: int = 20) -> list[tuple[str, str, float]]:
+    return [(h.server, h.tool, h.score) for h in index.search(query, limit)]
+
+
+@SETTINGS
+@given(order=ORDER, meta_order=st.permutations(sorted(METADATA)), query=QUERY)
+def test_order_depends_on_catalog_content_only(order: list[str], meta_order: list[str], query: str) -> None:
+    store = CatalogStore()
+    index = ToolSearchIndex()
+    index.attach(store)
+    for i, server in enumerate(order):  # interleave metadata, loads and a reload
+        store.put(REAL[server])
+        if i < len(meta_order):
+            index.set_server_metadata(meta_order[i], *METADATA[meta_order[i]])
+    store.put(REAL[order[0]])
+    expected = _results(BASELINE, query)
+    assert _results(index, query) == expected  # identical floats, identical order
+    assert _results(index, query) == expected  # repeated runs
+
+
+def _searchable_tokens(entry: ToolEntry) -> set[str]:
+    """Every token of the fields DESIGN §2.2 lists, computed apart from the index."""
+    description, caps = METADATA.get(entry.server, ("", []))
+    texts = [entry.server, description, *caps, entry.name, entry.title or "", entry.description, *entry.arg_keys]
+    return {t for text in texts for t in tokenize(text)} | set(annotation_tokens(entry.annotations))
+
+
+def _matches(query_token: str, token: str) -> bool:
+    if stem(query_token) == stem(token):
+        return True
+    return (len(query_token) >= 3 or is_cjk(query_token)) and query_token in token
+
+
+@SETTINGS
+@given(query=QUERY)
+def test_every_result_matches_a_query_token(query: str) -> None:
+    hits = BASELINE.search(query, 50)
+    for hit in hits:
+        tokens = _searchable_tokens(hit.entry)
+        assert any(_matches(q, t) for q in tokenize(query) for t in tokens), (query, hit.tool)
+    assert all(h.score > 0 for h in hits)
+
+
+@SETTINGS
+@given(query=QUERY, limit=st.integers(min_value=1, max_value=50))
+def test_pruned_search_equals_exhaustive_ranking(query: str, limit: int) -> None:
+    scores = BASELINE.all_scores(query)
+    expected = sorted(((s, t, v) for (s, t), v in scores.items()), key=lambda r: (-r[2], r[0], r[1]))[:limit]
+    assert _results(BASELINE, query, limit) == expected
+
+
+def _dataset_index() -> tuple[ToolSearchIndex, list[str]]:
+    """All servers of the tool-search datasets (~700 tools): long postings, so pruning has work to do."""
+    store = CatalogStore()
+    index = ToolSearchIndex()
+    index.attach(store)
+    words: set[str] = set()
+    for path in sorted((SHARED_DATA / "toolsearch").glob("*.json")):
+        data = json.loads(path.read_text())
+        for server in data["servers"]:
+            name = f"{path.stem}-{server['id']}"
+            index.set_server_metadata(name, server.get("description"), [])
+            store.put(Catalog(name, sorted_unique(clean_tool(name, tool) for tool in server["tools"])))
+        words.update(w for q in data["queries"][:300] for w in q["query"].split())
+    return index, sorted(words)
+
+
+DATASET_INDEX, QUERY_WORDS = _dataset_index()
+
+
+@SETTINGS
+@given(words=st.lists(st.sampled_from(QUERY_WORDS), min_size=1, max_size=8), limit=st.sampled_from([1, 3, 8, 50]))
+def test_pruned_search_equals_exhaustive_ranking_at_scale(words: list[str], limit: int) -> None:
+    query = " ".join(words)
+    scores = DATASET_INDEX.all_scores(query)
+    expected = sorted(((s, t, v) for (s, t), v in scores.items()), key=lambda r: (-r[2], r[0], r[1]))[:limit]
+    assert _results(DATASET_INDEX, query, limit) == expected
