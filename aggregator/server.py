@@ -189,13 +189,25 @@ class AggregatorServer:
         try:
             own = self._own.get(name)
             if own is not None:
-                return await own.handler(arguments, tool_ctx)
+                return _for_era(await own.handler(arguments, tool_ctx), ctx.protocol_version)
             direct = self._direct.get(name)
             if direct is not None:
-                return await self.pool.call_tool(direct.server, direct.tool, arguments, tool_ctx.report_progress)
+                result = await self.pool.call_tool(direct.server, direct.tool, arguments, tool_ctx.report_progress)
+                return _for_era(result, ctx.protocol_version)
             return fault_result(Fault("unknown_tool", f"no tool named {name!r}; use catalog_search_tools"))
         except Fault as fault:
             return fault_result(fault)
         except Exception as exc:
             log.exception("tool failed", tool=name)
             return text_result(f"internal error in aggregator tool {name}: {type(exc).__name__}: {exc}", is_error=True)
+
+
+def _for_era(result: Any, protocol_version: str) -> Any:
+    """An upstream's raw result, stamped with what the client's protocol era requires.
+
+    A 2026-07-28 client requires `resultType` on every result; upstreams of the
+    handshake era never send it. Nothing else is touched.
+    """
+    if isinstance(result, dict) and protocol_version in MODERN_PROTOCOL_VERSIONS and "resultType" not in result:
+        return {**result, "resultType": "complete"}
+    return result

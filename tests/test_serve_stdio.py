@@ -310,3 +310,21 @@ def _alive(pid: int) -> bool:
             return stat.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def test_modern_protocol_era_client(tmp_path: Path) -> None:
+    """A 2026-07-28 client (server/discover, per-request _meta) gets the same tools and results."""
+    from mcp import Client
+
+    config = write_config(tmp_path, {"kit": kit_upstream()})
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "aggregator", "serve", "--config", str(config)], env=aggregator_env()
+    )
+    async with Client(params, mode="auto") as client:
+        assert client.protocol_version >= "2026"
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        assert "catalog_call_tool" in names
+        result = await client.call_tool(
+            "catalog_call_tool", {"server": "kit", "tool": "echo", "arguments": {"message": "modern"}}
+        )
+        assert result.content[0].text == "modern"
