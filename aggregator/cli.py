@@ -22,6 +22,7 @@ from aggregator import __version__
 from aggregator.config import AggregatorConfig, ConfigError, load_config
 from aggregator.log import configure_logging, get_logger
 from aggregator.settings import Settings, load_settings, resolve_data_dir
+from aggregator.table import render_table
 
 log = get_logger(__name__)
 
@@ -189,16 +190,10 @@ def _status_row(status: Any) -> dict[str, Any]:
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     def cell(value: Any) -> str:
-        text = "-" if value is None else str(value)
-        text = text.splitlines()[0] if text else text
+        text = "-" if value is None else (str(value).splitlines() or [""])[0]
         return text if len(text) <= 70 else text[:69] + "…"
 
-    cells = [[cell(row[c]) for c in columns] for row in rows]
-    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    return "\n".join(lines)
+    return render_table(columns, [[cell(row[c]) for c in columns] for row in rows])
 
 
 # ---------------------------------------------------------------- search

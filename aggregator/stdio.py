@@ -20,12 +20,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 
 import anyio
-import mcp.types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 
 from aggregator.log import get_logger
+from aggregator.wire import encode, parse_line
 
 log = get_logger(__name__)
 
@@ -96,23 +96,14 @@ async def _read_messages(fd: int, sink: MemoryObjectSendStream[SessionMessage | 
             *lines, buffer = buffer.split(b"\n")
             for line in lines:
                 if line.strip():
-                    await sink.send(_parse(line))
-
-
-def _parse(line: bytes) -> SessionMessage | Exception:
-    try:
-        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
-    except ValueError as exc:
-        log.warning("client sent a line that is not JSON-RPC", error=str(exc)[:200])
-        return exc
+                    await sink.send(parse_line(line, "client"))
 
 
 async def _write_messages(fd: int, source: MemoryObjectReceiveStream[SessionMessage]) -> None:
     async with source:
         async for message in source:
-            data = message.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
             try:
-                await _write_all(fd, data)
+                await _write_all(fd, encode(message))
             except OSError as exc:  # the client went away
                 log.info("stdout closed", error=str(exc))
                 return

@@ -104,27 +104,37 @@ async def test_unknown_server_is_a_programmer_fault() -> None:
         assert caught.value.reason == "unknown_server" and caught.value.kind == "programmer"
 
 
-@contextmanager
-def toolbox_over(transport: str) -> Iterator[str]:
-    port = free_port()
+def start_toolbox(transport: str, port: int) -> subprocess.Popen[bytes]:
+    """The toolbox example over HTTP or SSE on 127.0.0.1:port, once its port accepts connections."""
     proc = subprocess.Popen(
         [sys.executable, str(EXAMPLES / "toolbox.py"), transport, "--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"toolbox did not open port {port}")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@contextmanager
+def toolbox_over(transport: str) -> Iterator[str]:
+    port = free_port()
+    proc = start_toolbox(transport, port)
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        path = "/mcp" if transport == "streamable-http" else "/sse"
-        yield f"http://127.0.0.1:{port}{path}"
+        yield f"http://127.0.0.1:{port}" + ("/mcp" if transport == "streamable-http" else "/sse")
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop(proc)
 
 
 @pytest.mark.parametrize(("transport", "kind"), [("streamable-http", "http"), ("sse", "sse")])
@@ -147,3 +157,22 @@ async def test_dead_http_upstream_is_unavailable_not_a_crash() -> None:
         with pytest.raises(Fault) as caught:
             await pool.ensure_catalog("remote")
         assert caught.value.reason == "upstream_unavailable"
+
+
+async def test_http_upstream_that_dies_is_reconnected_after_backoff() -> None:
+    port = free_port()
+    config = config_of({"remote": {"url": f"http://127.0.0.1:{port}/mcp", "timeouts": {"connect": 5, "call": 5}}})
+    proc = start_toolbox("streamable-http", port)
+    try:
+        async with UpstreamPool.running(config) as pool:
+            await pool.call_tool("remote", "word_count", {"text": "a b"})
+            stop(proc)
+            with pytest.raises(Fault) as caught:
+                await pool.call_tool("remote", "word_count", {"text": "a b"})
+            assert caught.value.kind == "world"
+            proc = start_toolbox("streamable-http", port)
+            await anyio.sleep(pool.connection("remote").backoff_remaining() + 0.05)
+            result = await pool.call_tool("remote", "word_count", {"text": "a b c"})
+            assert result.get("isError") is not True
+    finally:
+        stop(proc)

@@ -19,23 +19,15 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from tests.conftest import aggregator_env, free_port, kit_upstream, structured, write_config
 
 
+def serve_http_command(config: Path) -> list[str]:
+    return [sys.executable, "-m", "aggregator", "serve", "--config", str(config), "--transport", "http"]
+
+
 @contextmanager
 def http_aggregator(config: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "aggregator",
-            "serve",
-            "--config",
-            str(config),
-            "--transport",
-            "http",
-            "--port",
-            str(port),
-            *args,
-        ],
+        [*serve_http_command(config), "--port", str(port), *args],
         env=env or aggregator_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -115,20 +107,7 @@ async def test_foreign_host_header_is_rejected(tmp_path: Path) -> None:
 def test_refuses_a_non_loopback_bind_without_a_token(tmp_path: Path) -> None:
     config = write_config(tmp_path, {})
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "aggregator",
-            "serve",
-            "--config",
-            str(config),
-            "--transport",
-            "http",
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(free_port()),
-        ],
+        [*serve_http_command(config), "--host", "0.0.0.0", "--port", str(free_port())],
         env=aggregator_env(),
         capture_output=True,
         timeout=30,

@@ -56,6 +56,8 @@ async def test_list_describe_call_through_the_catalog(tmp_path: Path) -> None:
         result = await call(session, "catalog_call_tool", server="kit", tool="echo", arguments={"message": "hi"})
         assert not result.is_error
         assert result.content[0].text == "hi"
+        any_case = await call(session, "catalog_call_tool", server="KIT", tool="echo", arguments={"message": "ci"})
+        assert any_case.content[0].text == "ci"  # server names match ignoring case, as in the config
 
         toolbox_tools = structured(await call(session, "catalog_list_tools", server="toolbox", limit=200))
         assert toolbox_tools["total"] >= 15

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SUMMARY_CHARS = 200
-_SENTENCE_END = re.compile(r"(?<=[.!?。])\s")
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)|[。！？]")
+_ABBREVIATIONS = ("e.g", "i.e", "etc", "vs", "cf", "approx", "incl", "no")
 
 
 class MalformedEntry(ValueError):
@@ -26,10 +27,20 @@ def summarize(description: str | None) -> str:
     text = " ".join((description or "").split())
     if not text:
         return ""
-    first = _SENTENCE_END.split(text, maxsplit=1)[0]
+    first = _first_sentence(text)
     if len(first) > SUMMARY_CHARS:
         first = first[: SUMMARY_CHARS - 1].rstrip() + "…"
     return first
+
+
+def _first_sentence(text: str) -> str:
+    """Up to the first sentence end that is not an abbreviation such as "e.g."."""
+    for match in _SENTENCE_END.finditer(text):
+        words = text[: match.start()].rsplit(None, 1)
+        if words and words[-1].lower().rstrip(".") in _ABBREVIATIONS:
+            continue
+        return text[: match.end()]
+    return text
 
 
 @dataclass(frozen=True, slots=True)

@@ -185,8 +185,8 @@ class CatalogTools:
                 args = {}
             if not isinstance(args, Mapping):
                 raise invalid_argument("'arguments' must be an object of the tool's arguments")
-            await self._tool(server, name)
-            return await self.pool.call_tool(server, name, args, ctx.report_progress)
+            tool = await self._tool(server, name)  # proves the tool exists and resolves the server's case
+            return await self.pool.call_tool(tool.server, tool.name, args, ctx.report_progress)
         except Fault as fault:
             return fault_result(fault)
 

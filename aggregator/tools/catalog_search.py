@@ -19,6 +19,7 @@ from aggregator.catalog.model import summarize
 from aggregator.catalog.search import Hit, ServerHit, ToolSearchIndex
 from aggregator.catalog.source import CatalogSource
 from aggregator.faults import Fault, invalid_argument
+from aggregator.table import render_table
 from aggregator.tools.base import READ_ONLY, OwnTool, ToolContext, fault_result, json_result
 
 TOOL_NAME = "catalog_search_tools"
@@ -217,11 +218,7 @@ def format_results_table(payload: Mapping[str, Any]) -> str:
     lines: list[str] = []
     if results:
         rows = [_row(rank, item) for rank, item in enumerate(results, 1)]
-        header = ("#", "score", "server", "tool", "summary")
-        widths = [max(len(header[c]), *(len(row[c]) for row in rows)) for c in range(4)]
-        lines.append(_line(header, widths))
-        lines.append(_line((*("-" * w for w in widths), "-" * 7), widths))
-        lines += [_line(row, widths) for row in rows]
+        lines.append(render_table(("#", "score", "server", "tool", "summary"), rows, right=(0, 1)))
     else:
         lines.append("no matching tools")
     if payload.get("truncated"):
@@ -246,8 +243,3 @@ def _row(rank: int, item: Mapping[str, Any]) -> tuple[str, str, str, str, str]:
 
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _line(cells: tuple[str, ...], widths: list[int]) -> str:
-    padded = [cell.rjust(widths[i]) if i < 2 else cell.ljust(widths[i]) for i, cell in enumerate(cells[:4])]
-    return "  ".join([*padded, cells[4]]).rstrip()

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.abc
 import httpx2
-import mcp.types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.client.sse import sse_client
 from mcp.client.stdio import get_default_environment
@@ -32,6 +31,7 @@ from mcp.shared.message import SessionMessage
 
 from aggregator.config import UpstreamConfig
 from aggregator.log import get_logger
+from aggregator.wire import encode, parse_line
 
 log = get_logger(__name__)
 
@@ -171,7 +171,7 @@ async def _read_stdout(
             *lines, buffer = buffer.split(b"\n")
             for line in lines:
                 if line.strip():
-                    await to_session.send(_parse_line(line))
+                    await to_session.send(parse_line(line, "upstream"))
     except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
         pass
     finally:
@@ -187,18 +187,9 @@ async def _write_stdin(
     assert process.stdin is not None
     try:
         async for message in from_session:
-            data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
-            await process.stdin.send(data.encode() + b"\n")
+            await process.stdin.send(encode(message))
     except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
         closed.set()
-
-
-def _parse_line(line: bytes) -> SessionMessage | Exception:
-    try:
-        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
-    except ValueError as exc:
-        log.warning("upstream wrote a line that is not JSON-RPC", error=str(exc)[:200])
-        return exc
 
 
 async def _stop_process(process: anyio.abc.Process) -> None:
