@@ -102,15 +102,17 @@ def _backend_options() -> dict[str, Any]:
 
 
 async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    from aggregator.http import HttpConfigError, build_app, check_bind, serve_http
+    from aggregator.http import HttpConfigError, bind_socket, build_app, check_bind, serve_http
     from aggregator.server import AggregatorServer
     from aggregator.upstream.pool import UpstreamPool
 
     data_dir = resolve_data_dir(args.data_dir, settings)
     token = settings.token.get_secret_value() if settings.token else None
+    sock = None
     if args.transport == "http":
         try:
             check_bind(args.host, token)
+            sock = bind_socket(args.host, args.port)
         except HttpConfigError as exc:
             print(f"aggregator: {exc}", file=sys.stderr)
             return EXIT_USAGE
@@ -120,11 +122,11 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
         async with UpstreamPool.running(config) as pool:
             server = AggregatorServer(pool, data_dir=data_dir, max_result_bytes=config.max_result_bytes)
             async with server.running():
-                if args.transport == "stdio":
+                if sock is None:
                     await _serve_stdio(server)
                 else:
                     app = build_app(server, host=args.host, port=args.port, token=token, allowed_hosts=args.allow_host)
-                    await serve_http(app, host=args.host, port=args.port)
+                    await serve_http(app, sock)
         tg.cancel_scope.cancel()
     return 0
 

@@ -12,8 +12,10 @@ import contextlib
 import hmac
 import ipaddress
 import json
+import socket
 from collections.abc import Sequence
 
+import anyio
 import uvicorn
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -76,37 +78,71 @@ def check_bind(host: str, token: str | None) -> None:
         )
 
 
+def transport_security(host: str, port: int, allowed_hosts: Sequence[str] = ()) -> TransportSecuritySettings:
+    """Host/Origin checks (DNS-rebinding protection) for this bind, always explicit.
+
+    The SDK enables them by itself only for the exact names 127.0.0.1, localhost
+    and ::1; any other loopback address (127.0.0.2) would be served unchecked.
+    A wildcard bind cannot know its own names: there the required token guards it,
+    plus whatever `--allow-host` names.
+    """
+    wildcard = host in ("0.0.0.0", "::")
+    names = [*allowed_hosts]
+    if not wildcard:
+        names.append(f"[{host}]" if ":" in host else host)
+    if is_loopback(host):
+        names += ["127.0.0.1", "localhost", "[::1]"]
+    if wildcard and not allowed_hosts:
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    hosts = [pattern for name in dict.fromkeys(names) for pattern in (name, f"{name}:*")]
+    origins = [f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")]
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
+
+
 def build_app(
     server: AggregatorServer, *, host: str, port: int, token: str | None, allowed_hosts: Sequence[str] = ()
 ) -> ASGIApp:
     """The Starlette app at `/mcp`, wrapped in the bearer check when a token is set."""
     check_bind(host, token)
-    security: TransportSecuritySettings | None = None
-    if not is_loopback(host) and host not in ("0.0.0.0", "::"):
-        hosts = [f"{host}:{port}", host, *allowed_hosts]
-        security = TransportSecuritySettings(
-            enable_dns_rebinding_protection=True,
-            allowed_hosts=hosts,
-            allowed_origins=[f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts],
-        )
-    elif host in ("0.0.0.0", "::"):
-        security = TransportSecuritySettings(enable_dns_rebinding_protection=False)  # the token guards it
     app: ASGIApp = server.lowlevel.streamable_http_app(
-        streamable_http_path="/mcp",
-        host=host if is_loopback(host) else "0.0.0.0",
-        transport_security=security,
+        streamable_http_path="/mcp", host=host, transport_security=transport_security(host, port, allowed_hosts)
     )
     if token:
         app = BearerAuth(app, token)
     return app
 
 
-async def serve_http(app: ASGIApp, *, host: str, port: int, log_level: str = "warning") -> None:
-    """Run uvicorn inside the current event loop until cancelled."""
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False, log_config=None
-    )
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind before anything starts, so a taken port is one clear error (exit 2), not a traceback."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, reuse_port=False)
+    except OSError as exc:
+        raise HttpConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+async def serve_http(app: ASGIApp, sock: socket.socket, *, log_level: str = "warning") -> None:
+    """Run uvicorn on `sock` in the current event loop; on cancellation, shut it down gracefully."""
+    config = uvicorn.Config(app, log_level=log_level, lifespan="on", access_log=False, log_config=None)
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # the CLI owns signals
+    host, port = sock.getsockname()[:2]
     log.info("serving over HTTP", url=f"http://{host}:{port}/mcp")
-    await server.serve()
+    finished = anyio.Event()
+
+    async def run() -> None:
+        with anyio.CancelScope(shield=True):  # stopped through should_exit, never cancelled mid-request
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                finished.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        try:
+            await finished.wait()
+        finally:
+            server.should_exit = True
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                await finished.wait()
+            server.force_exit = True

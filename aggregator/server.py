@@ -88,6 +88,7 @@ class AggregatorServer:
             if upstream.expose == "direct" or upstream.pin
         }
         self._direct: dict[str, DirectTool] = {}
+        self._direct_catalogs: dict[str, Catalog] = {}  # the last catalog each direct upstream listed
         self._listing: types.ListToolsResult | None = None
         self._changed = anyio.Event()
         self._legacy_sessions: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -146,15 +147,22 @@ class AggregatorServer:
         pending = [
             name
             for name in self._direct_predicates
-            if self.pool.store.get(name) is None and not self.pool.in_backoff(name)
+            if name not in self._direct_catalogs and not self.pool.in_backoff(name)
         ]
         if pending:
             await self.pool.start_all(pending)
 
     def _on_catalog(self, server: str, catalog: Catalog | None) -> None:
-        if server not in self._direct_predicates:
+        """Rebuild the direct table when a direct upstream lists a (new) catalog.
+
+        A dropped catalog (crash, stop) keeps its tools listed: a call then restarts
+        the upstream, or answers `upstream_unavailable` inside the backoff window,
+        instead of the tool vanishing from the client's list.
+        """
+        if server not in self._direct_predicates or catalog is None:
             return
-        table = build_direct_tools(self.pool.store.loaded(), self._direct_predicates, self._own)
+        self._direct_catalogs[server] = catalog
+        table = build_direct_tools(self._direct_catalogs, self._direct_predicates, self._own)
         if [(d.exposed, d.wire) for d in table.values()] != [(d.exposed, d.wire) for d in self._direct.values()]:
             self._direct = table
             self._listing = None

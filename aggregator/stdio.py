@@ -25,7 +25,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 
 from aggregator.log import get_logger
-from aggregator.wire import encode, parse_line
+from aggregator.wire import LineSplitter, MessageTooLarge, encode, parse_line
 
 log = get_logger(__name__)
 
@@ -50,6 +50,7 @@ async def stdio_streams() -> AsyncIterator[
         async with stdio_server() as streams:
             yield streams  # type: ignore[misc]
         return
+    blocking = os.get_blocking(0), os.get_blocking(1)  # shared with whoever started us: restore on exit
     wire_in, wire_out = os.dup(0), os.dup(1)
     saved_in, saved_out = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -69,8 +70,9 @@ async def stdio_streams() -> AsyncIterator[
             finally:
                 tg.cancel_scope.cancel()
     finally:
-        for fd, saved in ((0, saved_in), (1, saved_out)):
+        for fd, saved, was_blocking in ((0, saved_in, blocking[0]), (1, saved_out, blocking[1])):
             with suppress(OSError):
+                os.set_blocking(saved, was_blocking)
                 os.dup2(saved, fd)
                 os.close(saved)
         for fd in (wire_in, wire_out):
@@ -80,7 +82,7 @@ async def stdio_streams() -> AsyncIterator[
 
 async def _read_messages(fd: int, sink: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
     """Newline-delimited JSON-RPC from `fd` until EOF; a bad line is passed on as an exception."""
-    buffer = b""
+    splitter = LineSplitter()
     async with sink:
         while True:
             await anyio.wait_readable(fd)
@@ -92,8 +94,11 @@ async def _read_messages(fd: int, sink: MemoryObjectSendStream[SessionMessage | 
                 return
             if not chunk:
                 return
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
+            try:
+                lines = splitter.feed(chunk)
+            except MessageTooLarge as exc:
+                log.error("client message too large; closing", error=str(exc))
+                return
             for line in lines:
                 if line.strip():
                     await sink.send(parse_line(line, "client"))

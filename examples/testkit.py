@@ -16,6 +16,7 @@ Flags:
   --exit-at-start      write an error to stderr and exit 1 at once
   --spawn-grandchild   start ``sleep 300`` in this process group, its pid in --pid-file
   --pid-file PATH      where --spawn-grandchild writes the grandchild's pid
+  --grandchild-keeps-stdout  the grandchild inherits stdout, so the pipe outlives this process
   --tag NAME           serverInfo.name becomes ``testkit-NAME``
   --spawn-log PATH     append one line per start (pid, tag, time)
   --ignore-cancel      keep running cancelled calls and send their results anyway
@@ -346,7 +347,7 @@ class Testkit:
             "initialize": self.initialize,
             "ping": lambda _params: {},
             "tools/list": self.list_tools,
-            "prompts/list": lambda params: self.paginate(PROMPTS, params, "prompts"),
+            "prompts/list": lambda params: self.paginate(self.all_prompts(), params, "prompts"),
             "prompts/get": self.get_prompt,
             "resources/list": lambda params: self.paginate(RESOURCES, params, "resources"),
             "resources/templates/list": lambda params: self.paginate(RESOURCE_TEMPLATES, params, "resourceTemplates"),
@@ -439,6 +440,10 @@ class Testkit:
             "serverInfo": {"name": name, "version": SERVER_VERSION},
             "instructions": "Scriptable MCP test server; see the tool descriptions.",
         }
+
+    def all_prompts(self) -> list[dict[str, Any]]:
+        """The prompts; with --malformed also one whose arguments are not a list."""
+        return PROMPTS + ([{"name": "bad_prompt", "arguments": 5}] if self.opts.malformed else [])
 
     def all_tools(self) -> list[dict[str, Any]]:
         with self.state_lock:
@@ -646,6 +651,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--exit-at-start", action="store_true", help="exit 1 at once")
     parser.add_argument("--spawn-grandchild", action="store_true", help="start `sleep 300` in our group")
     parser.add_argument("--pid-file", help="file for the grandchild's pid")
+    parser.add_argument(
+        "--grandchild-keeps-stdout", action="store_true", help="the grandchild inherits stdout (pipe outlives us)"
+    )
     parser.add_argument("--tag", default="", help="serverInfo name suffix")
     parser.add_argument("--spawn-log", help="append one line per start to this file")
     parser.add_argument("--ignore-cancel", action="store_true", help="answer cancelled calls anyway")
@@ -665,14 +673,18 @@ def record_event(opts: argparse.Namespace, line: str) -> None:
             fh.write(f"{line}\n")
 
 
-def spawn_grandchild(pid_file: str) -> None:
-    """Start `sleep 300` in our own process group (no new session) and record its pid atomically."""
+def spawn_grandchild(pid_file: str, keep_stdout: bool = False) -> None:
+    """Start `sleep 300` in our own process group (no new session) and record its pid atomically.
+
+    With `keep_stdout` the grandchild inherits our stdout, as a launcher's leftovers often do:
+    our exit then does not end the pipe.
+    """
     import subprocess  # only this flag needs it: keep start-up fast otherwise
 
     child = subprocess.Popen(
         ["sleep", "300"],
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
+        stdout=None if keep_stdout else subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     tmp = f"{pid_file}.tmp{os.getpid()}"
@@ -691,7 +703,7 @@ def main(argv: list[str] | None = None) -> None:
         log("--exit-at-start: failing on purpose")
         sys.exit(1)
     if opts.spawn_grandchild:
-        spawn_grandchild(opts.pid_file)
+        spawn_grandchild(opts.pid_file, opts.grandchild_keeps_stdout)
     server = Testkit(opts, Wire(sys.stdout.buffer))
     for raw in sys.stdin.buffer:
         server.handle_line(raw)

@@ -176,3 +176,76 @@ async def test_http_upstream_that_dies_is_reconnected_after_backoff() -> None:
             assert result.get("isError") is not True
     finally:
         stop(proc)
+
+
+async def test_eager_upstream_starts_in_the_background_and_lazy_one_does_not(tmp_path: Path) -> None:
+    eager_log, lazy_log = tmp_path / "eager.log", tmp_path / "lazy.log"
+    config = config_of(
+        {
+            "early": kit_upstream("--spawn-log", str(eager_log), start="eager"),
+            "late": kit_upstream("--spawn-log", str(lazy_log)),
+        }
+    )
+    async with UpstreamPool.running(config) as pool:
+        with anyio.fail_after(10):
+            while pool.status("early").state != "ready":
+                await anyio.sleep(0.02)
+        assert pool.store.get("early") is not None
+        assert pool.status("late").state == "configured" and not lazy_log.exists()
+
+
+async def test_malformed_prompt_is_dropped_not_the_upstream() -> None:
+    config = config_of({"kit": kit_upstream("--malformed")})
+    async with UpstreamPool.running(config) as pool:
+        catalog = await pool.ensure_catalog("kit")
+        assert catalog.prompts and all(prompt.name != "bad_prompt" for prompt in catalog.prompts)
+        assert any("bad_prompt" in reason for reason in catalog.dropped)
+
+
+async def test_crash_is_noticed_even_when_a_grandchild_keeps_stdout_open(tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+    config = config_of(
+        {
+            "kit": kit_upstream(
+                "--spawn-grandchild", "--pid-file", str(pid_file), "--grandchild-keeps-stdout", timeouts={"call": 20}
+            )
+        }
+    )
+    async with UpstreamPool.running(config) as pool:
+        await pool.ensure_catalog("kit")
+        started = time.monotonic()
+        with pytest.raises(Fault) as caught:
+            await pool.call_tool("kit", "crash", {})
+        assert time.monotonic() - started < 3  # not the 20 s call timeout
+        assert caught.value.kind == "world" and pool.status("kit").state in ("backoff", "failed")
+
+
+async def test_stop_abandons_a_start_in_progress() -> None:
+    config = config_of({"hangs": kit_upstream("--hang-initialize", start="eager")})
+    started = time.monotonic()
+    async with UpstreamPool.running(config) as pool:
+        with anyio.fail_after(5):
+            while pool.status("hangs").state != "starting":
+                await anyio.sleep(0.02)
+    assert time.monotonic() - started < 4  # not the 10 s handshake timeout, nor the 5 s shutdown grace
+
+
+async def test_restarted_http_upstream_gets_a_new_session() -> None:
+    port = free_port()
+    config = config_of({"remote": {"url": f"http://127.0.0.1:{port}/mcp", "timeouts": {"connect": 5, "call": 5}}})
+    proc = start_toolbox("streamable-http", port)
+    try:
+        async with UpstreamPool.running(config) as pool:
+            await pool.call_tool("remote", "word_count", {"text": "a b"})
+            stop(proc)
+            proc = start_toolbox("streamable-http", port)  # same URL, a server that never saw our session
+            outcome = None
+            for _ in range(5):  # the first call may learn that the session is gone; a later one reconnects
+                try:
+                    outcome = await pool.call_tool("remote", "word_count", {"text": "a b c"})
+                    break
+                except Fault:
+                    await anyio.sleep(pool.connection("remote").backoff_remaining() + 0.05)
+            assert outcome is not None and outcome.get("isError") is not True
+    finally:
+        stop(proc)

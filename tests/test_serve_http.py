@@ -127,3 +127,47 @@ async def test_catalog_tools_over_http(tmp_path: Path) -> None:
             await session.initialize()
             servers = structured(await session.call_tool("catalog_list_servers", {}))["servers"]
             assert servers[0]["name"] == "kit" and servers[0]["description"] == "scriptable"
+
+
+def test_port_in_use_is_one_clear_error(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {})
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [*serve_http_command(config), "--port", str(port)], env=aggregator_env(), capture_output=True, timeout=30
+        )
+    assert done.returncode == 2
+    assert b"cannot listen" in done.stderr and b"Traceback" not in done.stderr
+
+
+async def test_loopback_alias_and_allowed_hosts_are_checked(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {})
+    port = free_port()
+    proc = subprocess.Popen(
+        [*serve_http_command(config), "--host", "127.0.0.2", "--port", str(port), "--allow-host", "proxy.local"],
+        env=aggregator_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.2", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        url = f"http://127.0.0.2:{port}/mcp"
+        ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+        accept = {"Accept": "application/json, text/event-stream"}
+        async with httpx2.AsyncClient() as http:
+            evil = await http.post(url, json=ping, headers={**accept, "Host": "attacker.example"})
+            assert evil.status_code in (403, 421)
+            allowed = await http.post(url, json=ping, headers={**accept, "Host": f"proxy.local:{port}"})
+            assert allowed.status_code not in (403, 421)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)

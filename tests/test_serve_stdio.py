@@ -330,3 +330,15 @@ async def test_modern_protocol_era_client(tmp_path: Path) -> None:
             "catalog_call_tool", {"server": "kit", "tool": "echo", "arguments": {"message": "modern"}}
         )
         assert result.content[0].text == "modern"
+
+
+async def test_direct_tools_survive_a_crash_and_restart_the_upstream(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"kit": kit_upstream(expose="direct")})
+    async with aggregator_client(config) as session:
+        assert "kit__echo" in {tool.name for tool in (await session.list_tools()).tools}
+        crashed = await session.call_tool("kit__crash", {})
+        assert crashed.is_error
+        assert "kit__echo" in {tool.name for tool in (await session.list_tools()).tools}  # still listed
+        await anyio.sleep(0.3)
+        echo = await session.call_tool("kit__echo", {"message": "back"})
+        assert not echo.is_error and echo.content[0].text == "back"

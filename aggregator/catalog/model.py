@@ -218,8 +218,11 @@ def clean_tool(server: str, raw: Any, *, hidden: bool = False) -> ToolEntry:
 
 def clean_prompt(server: str, raw: Any, *, hidden: bool = False) -> PromptEntry:
     name = _name(raw, "prompt")
+    raw_args = raw.get("arguments") or []
+    if not isinstance(raw_args, list):
+        raise MalformedEntry(f"prompt {name!r}: arguments is not a list")
     args: list[PromptArgument] = []
-    for arg in raw.get("arguments") or []:
+    for arg in raw_args:
         if isinstance(arg, Mapping) and isinstance(arg.get("name"), str):
             args.append(PromptArgument(arg["name"], _opt_str(arg, "description") or "", arg.get("required") is True))
     return PromptEntry(server, name, _opt_str(raw, "title"), _opt_str(raw, "description") or "", tuple(args), hidden)

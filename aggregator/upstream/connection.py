@@ -14,6 +14,7 @@ backoff window fail at once with `upstream_unavailable`.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
@@ -43,6 +44,7 @@ from aggregator.config import UpstreamConfig
 from aggregator.faults import Fault
 from aggregator.log import get_logger
 from aggregator.upstream.transports import StderrTail, TransportHandle, open_transport
+from aggregator.wire import MAX_MESSAGE_BYTES
 
 log = get_logger(__name__)
 
@@ -67,8 +69,11 @@ class _Run:
 
     done: anyio.Event = field(default_factory=anyio.Event)  # the start settled (ready or failed)
     wake: anyio.Event = field(default_factory=anyio.Event)  # tear down now
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)  # the whole run; its deadline bounds the start
     session: ClientSession | None = None
+    handle: TransportHandle | None = None
     failed: bool = False
+    relist: bool = False  # a list_changed arrived before the run was ready
 
 
 class UpstreamConnection:
@@ -132,27 +137,36 @@ class UpstreamConnection:
         return catalog
 
     async def _own(self, run: _Run) -> None:
-        """The owner task: open, handshake, list, park; tear down in this same task."""
+        """The owner task: open, handshake, list, park; tear down in this same task.
+
+        Everything runs inside `run.scope`, whose deadline (the connect timeout)
+        bounds the whole start, transport included, and is lifted once ready.
+        """
         started = time.monotonic()
         try:
-            async with AsyncExitStack() as stack:
-                # Transports open task groups: enter them outside the deadline's cancel scope.
-                handle = await stack.enter_async_context(open_transport(self.config, self.stderr))
-                session = await stack.enter_async_context(self._new_session(handle))
-                with anyio.fail_after(self.config.timeouts.connect):
+            run.scope.deadline = anyio.current_time() + self.config.timeouts.connect
+            with run.scope:
+                async with AsyncExitStack() as stack:
+                    handle = run.handle = await stack.enter_async_context(open_transport(self.config, self.stderr))
+                    session = await stack.enter_async_context(self._new_session(run, handle))
                     init = await session.initialize()
                     self.server_info = init.server_info
                     catalog = await self._list_catalog(session)
-                if self._stopping:
-                    return
-                self._store.put(catalog)
-                self.handshake_seconds = time.monotonic() - started
-                run.session = session
-                self.state = State.READY
-                self.last_error = None
-                run.done.set()
-                log.info("upstream ready", upstream=self.name, seconds=round(self.handshake_seconds, 3))
-                await self._park(run, handle)
+                    run.scope.deadline = math.inf
+                    if self._stopping:
+                        return
+                    self._store.put(catalog)
+                    self.handshake_seconds = time.monotonic() - started
+                    run.session = session
+                    self.state = State.READY
+                    self.last_error = None
+                    run.done.set()
+                    log.info("upstream ready", upstream=self.name, seconds=round(self.handshake_seconds, 3))
+                    if run.relist:
+                        self._tg.start_soon(self._refresh, name=f"refresh-{self.name}")
+                    await self._park(run, handle)
+            if run.scope.cancelled_caught and not run.done.is_set() and not self._stopping:
+                self._failed(run, self._exit_reason(f"no handshake within {self.config.timeouts.connect:g}s"))
         except Exception as exc:
             self._failed(run, _describe_start_error(exc, self))
         finally:
@@ -165,11 +179,14 @@ class UpstreamConnection:
                 elif self.state in (State.READY, State.STARTING):  # ended without a recorded reason
                     self._failed(run, "connection ended")
 
-    def _new_session(self, handle: TransportHandle) -> ClientSession:
+    def _new_session(self, run: _Run, handle: TransportHandle) -> ClientSession:
+        async def on_message(message: Any) -> None:
+            await self._handle_message(run, message)
+
         return ClientSession(
             handle.read,
             handle.write,
-            message_handler=self._handle_message,
+            message_handler=on_message,
             client_info=types.Implementation(name="aggregator", version=__version__),
         )
 
@@ -180,7 +197,7 @@ class UpstreamConnection:
             async def watch_transport() -> None:
                 await handle.closed.wait()
                 if not self._stopping:
-                    self._failed(run, self._exit_reason("exited"))
+                    self._failed(run, self._exit_reason(_closed_reason(handle)))
                 run.wake.set()
 
             tg.start_soon(watch_transport)
@@ -219,9 +236,10 @@ class UpstreamConnection:
                 try:
                     name = raw.get("name") if isinstance(raw, Mapping) else None
                     kept.append(cleaner(self.name, raw, hidden=hide(name) if isinstance(name, str) else False))
-                except MalformedEntry as exc:
-                    dropped.append(str(exc))
-                    log.warning("dropped malformed entry", upstream=self.name, reason=str(exc))
+                except Exception as exc:
+                    reason = str(exc) if isinstance(exc, MalformedEntry) else f"{type(exc).__name__}: {exc}"
+                    dropped.append(reason)
+                    log.warning("dropped malformed entry", upstream=self.name, reason=reason)
             return sorted_unique(kept)
 
         tools = await _list_all(session, "tools/list", "tools")
@@ -240,14 +258,17 @@ class UpstreamConnection:
             dropped=tuple(dropped),
         )
 
-    async def _handle_message(self, message: Any) -> None:
+    async def _handle_message(self, run: _Run, message: Any) -> None:
         if isinstance(
             message,
             types.ToolListChangedNotification
             | types.PromptListChangedNotification
             | types.ResourceListChangedNotification,
         ):
-            self._tg.start_soon(self._refresh, name=f"refresh-{self.name}")
+            if run.session is None:  # still starting: the first listing may already be stale
+                run.relist = True
+            else:
+                self._tg.start_soon(self._refresh, name=f"refresh-{self.name}")
         elif isinstance(message, Exception):
             log.warning("upstream transport error", upstream=self.name, error=str(message)[:300])
 
@@ -310,11 +331,16 @@ class UpstreamConnection:
         return result
 
     def _call_fault(self, run: _Run | None, exc: MCPError) -> Fault:
-        if exc.code == CONNECTION_CLOSED:
-            if run is not None:
-                self._failed(run, self._exit_reason("connection closed during a call"))
-            return Fault("upstream_error", f"upstream {self.name!r} {self.last_error}")
-        return Fault("upstream_error", f"upstream {self.name!r} answered with error {exc.code}: {exc.message}")
+        handle = run.handle if run is not None else None
+        lost = exc.code == CONNECTION_CLOSED or (handle is not None and handle.closed.is_set())
+        if not lost:
+            return Fault("upstream_error", f"upstream {self.name!r} answered with error {exc.code}: {exc.message}")
+        if run is not None:
+            reason = _closed_reason(handle) if handle is not None else "connection closed"
+            self._failed(run, self._exit_reason(f"{reason} during a call"))
+        if handle is not None and handle.overflow:
+            return Fault("response_too_large", f"upstream {self.name!r} sent a message over {MAX_MESSAGE_BYTES} bytes")
+        return Fault("upstream_error", f"upstream {self.name!r}: {self.last_error}")
 
     # ------------------------------------------------------------ stop
 
@@ -323,6 +349,8 @@ class UpstreamConnection:
         self._stopping = True
         if self._run is not None:
             self._run.wake.set()
+            if not self._run.done.is_set():
+                self._run.scope.cancel()  # a start in progress is abandoned, not awaited
         if self.state is not State.READY and self.state is not State.STARTING:
             self.state = State.STOPPED
 
@@ -366,6 +394,12 @@ async def _list_all(session: ClientSession, method: str, key: str) -> list[Any]:
             break
         seen.add(cursor)
     return items
+
+
+def _closed_reason(handle: TransportHandle) -> str:
+    if handle.overflow:
+        return f"sent a message over {MAX_MESSAGE_BYTES} bytes"
+    return "exited" if handle.pid is not None else "connection lost"
 
 
 def _describe_start_error(exc: BaseException, conn: UpstreamConnection) -> str:

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 
@@ -31,11 +31,12 @@ from mcp.shared.message import SessionMessage
 
 from aggregator.config import UpstreamConfig
 from aggregator.log import get_logger
-from aggregator.wire import encode, parse_line
+from aggregator.wire import LineSplitter, MessageTooLarge, encode, parse_line
 
 log = get_logger(__name__)
 
 STDERR_TAIL_LINES = 40
+EXIT_POLL_SECONDS = 0.25
 EXIT_GRACE_SECONDS = 1.0  # after stdin closes, before SIGTERM to the group
 TERM_GRACE_SECONDS = 1.0  # after SIGTERM, before SIGKILL
 
@@ -89,6 +90,7 @@ class TransportHandle:
     write: MemoryObjectSendStream[SessionMessage]
     closed: anyio.Event = field(default_factory=anyio.Event)  # set when the peer is gone
     pid: int | None = None
+    overflow: bool = False  # the peer sent a message over MAX_MESSAGE_BYTES
 
 
 @asynccontextmanager
@@ -97,24 +99,72 @@ async def open_transport(config: UpstreamConfig, stderr: StderrTail) -> AsyncIte
     if config.transport == "stdio":
         async with _stdio(config, stderr) as handle:
             yield handle
-    elif config.transport == "http":
-        assert config.url is not None
+        return
+    closed = anyio.Event()
+    assert config.url is not None
+    if config.transport == "http":
         client = create_mcp_http_client(headers=dict(config.headers) or None, timeout=_http_timeout(config))
-        async with client, streamable_http_client(config.url, http_client=client) as (read, write):
-            yield TransportHandle(read, write)  # type: ignore[arg-type]
+        client.event_hooks = {"response": [_session_lost_hook(closed)]}
+        async with (
+            client,
+            streamable_http_client(config.url, http_client=client) as streams,
+            _relayed(streams, closed) as handle,  # type: ignore[arg-type]
+        ):
+            yield handle
     else:
-        assert config.url is not None
-        async with sse_client(
-            config.url,
-            headers=dict(config.headers) or None,
-            timeout=config.timeouts.connect,
-            sse_read_timeout=max(300.0, config.timeouts.call * 2),
-        ) as (read, write):
-            yield TransportHandle(read, write)  # type: ignore[arg-type]
+        async with (
+            sse_client(
+                config.url,
+                headers=dict(config.headers) or None,
+                timeout=config.timeouts.connect,
+                sse_read_timeout=max(300.0, config.timeouts.call * 2),
+            ) as streams,
+            _relayed(streams, closed) as handle,
+        ):  # type: ignore[arg-type]
+            yield handle
 
 
 def _http_timeout(config: UpstreamConfig) -> httpx2.Timeout:
     return httpx2.Timeout(config.timeouts.connect, read=max(300.0, config.timeouts.call * 2))
+
+
+def _session_lost_hook(closed: anyio.Event) -> Callable[[httpx2.Response], Awaitable[None]]:
+    """A 404 to a request carrying our session id: the server restarted and forgot us (spec: start anew)."""
+
+    async def hook(response: httpx2.Response) -> None:
+        if response.status_code == 404 and "mcp-session-id" in response.request.headers:
+            closed.set()
+
+    return hook
+
+
+@asynccontextmanager
+async def _relayed(
+    streams: tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]],
+    closed: anyio.Event,
+) -> AsyncIterator[TransportHandle]:
+    """Pass the SDK's read stream through, so the end of an HTTP/SSE connection is noticed."""
+    read, write = streams
+    to_session, session_read = anyio.create_memory_object_stream[SessionMessage | Exception](64)
+    handle = TransportHandle(session_read, write, closed=closed)
+
+    async def relay() -> None:
+        try:
+            async with to_session:
+                async for item in read:
+                    await to_session.send(item)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+        finally:
+            closed.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay)
+        try:
+            yield handle
+        finally:
+            tg.cancel_scope.cancel()
+            await session_read.aclose()
 
 
 # ---------------------------------------------------------------- stdio
@@ -145,8 +195,9 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
     handle = TransportHandle(read, write, pid=process.pid)
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_read_stdout, process, to_session, handle.closed)
+            tg.start_soon(_read_stdout, process, to_session, handle)
             tg.start_soon(_write_stdin, process, from_session, handle.closed)
+            tg.start_soon(_watch_exit, process, to_session, handle.closed)
             try:
                 yield handle
             finally:
@@ -161,22 +212,41 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
 async def _read_stdout(
     process: anyio.abc.Process,
     to_session: MemoryObjectSendStream[SessionMessage | Exception],
-    closed: anyio.Event,
+    handle: TransportHandle,
 ) -> None:
     assert process.stdout is not None
-    buffer = b""
+    splitter = LineSplitter()
     try:
         async for chunk in process.stdout:
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
+            for line in splitter.feed(chunk):
                 if line.strip():
                     await to_session.send(parse_line(line, "upstream"))
+    except MessageTooLarge as exc:
+        handle.overflow = True
+        log.warning("upstream message too large; dropping the connection", error=str(exc))
     except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
         pass
     finally:
-        closed.set()
+        handle.closed.set()
         await to_session.aclose()  # the session sees the end and fails pending requests
+
+
+async def _watch_exit(
+    process: anyio.abc.Process, to_session: MemoryObjectSendStream[SessionMessage | Exception], closed: anyio.Event
+) -> None:
+    """End the connection when the child exits, even if a grandchild keeps its stdout open.
+
+    Polls `returncode` (on asyncio, `wait()` also waits for pipe EOF, which such a
+    grandchild never gives), then lets the reader drain what is already buffered.
+    """
+    while process.returncode is None and not closed.is_set():
+        await anyio.sleep(EXIT_POLL_SECONDS)
+    if closed.is_set():
+        return
+    with anyio.move_on_after(0.5):
+        await closed.wait()
+    closed.set()
+    await to_session.aclose()
 
 
 async def _write_stdin(
