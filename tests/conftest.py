@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,9 +23,30 @@ import pytest
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+from aggregator.catalog.model import Catalog, clean_tool, sorted_unique
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+CATALOG_FILES = {
+    "everything": "server-everything.json",
+    "fetch": "mcp-server-fetch.json",
+    "filesystem": "server-filesystem.json",
+    "git": "mcp-server-git.json",
+    "memory": "server-memory.json",
+    "sequential-thinking": "server-sequential-thinking.json",
+    "sqlite": "mcp-server-sqlite.json",
+    "time": "mcp-server-time.json",
+}
+"""Real `tools/list` results of official servers, in ../shared/data/catalogs, by server name."""
+
+
+def real_catalog(server: str) -> Catalog:
+    """A cleaned catalog of one of the real servers in CATALOG_FILES."""
+    raw = json.loads((SHARED_DATA / "catalogs" / CATALOG_FILES[server]).read_text())
+    return Catalog(server, sorted_unique(clean_tool(server, tool) for tool in raw["tools"]))
 
 
 def kit_upstream(*flags: str, **extra: Any) -> dict[str, Any]:
@@ -46,6 +69,22 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, proc: subprocess.Popen[bytes], host: str = "127.0.0.1", timeout: float = 20.0) -> None:
+    """Block until something accepts connections on host:port; fail if `proc` exits first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=0.2).close()
+            return
+        except OSError:
+            if proc.poll() is not None:
+                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+                raise AssertionError(f"the server exited during start-up: {err[-2000:]}") from None
+            if time.monotonic() > deadline:
+                raise AssertionError(f"nothing listens on {host}:{port}") from None
+            time.sleep(0.05)
 
 
 def aggregator_env(**extra: str) -> dict[str, str]:

@@ -12,35 +12,20 @@ import mcp.types as types
 import pytest
 
 from aggregator.catalog.caps import json_size
-from aggregator.catalog.model import Catalog, clean_tool, sorted_unique
+from aggregator.catalog.model import Catalog
 from aggregator.catalog.search import ToolSearchIndex
 from aggregator.catalog.store import CatalogStore
 from aggregator.faults import Fault
 from aggregator.tools.base import ToolContext
 from aggregator.tools.catalog_search import format_results_table, search_tool, search_tools
-from tests.conftest import SHARED_DATA
+from tests.conftest import CATALOG_FILES, real_catalog
 
-CATALOG_FILES = {
-    "everything": "server-everything.json",
-    "fetch": "mcp-server-fetch.json",
-    "filesystem": "server-filesystem.json",
-    "git": "mcp-server-git.json",
-    "memory": "server-memory.json",
-    "sequential-thinking": "server-sequential-thinking.json",
-    "sqlite": "mcp-server-sqlite.json",
-    "time": "mcp-server-time.json",
-}
 METADATA = {
     "git": ("Git repository operations", ["git", "commits", "diff", "branches"]),
     "weather": ("Weather forecasts and severe weather alerts", ["forecast"]),
     "time": ("Current time and time-zone conversion", []),
 }
 MAX_BYTES = 262_144
-
-
-def real_catalog(server: str) -> Catalog:
-    raw = json.loads((SHARED_DATA / "catalogs" / CATALOG_FILES[server]).read_text())
-    return Catalog(server, sorted_unique(clean_tool(server, tool) for tool in raw["tools"]))
 
 
 class MemorySource:

@@ -13,7 +13,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,7 +30,8 @@ from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+from tests.conftest import EXAMPLES, free_port, wait_for_port
+
 TOOLBOX = str(EXAMPLES / "toolbox.py")
 NOTES = str(EXAMPLES / "notes.py")
 TESTKIT = str(EXAMPLES / "testkit.py")
@@ -76,24 +76,6 @@ def alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-async def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the HTTP server exited during start-up"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            await anyio.sleep(0.05)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
 
 
 class RawServer:
@@ -246,7 +228,7 @@ async def test_toolbox_over_streamable_http_and_sse() -> None:
             stderr=subprocess.DEVNULL,
         )
         try:
-            await wait_for_port(port, proc)
+            wait_for_port(port, proc)
             url = f"http://127.0.0.1:{port}{path}"
             client = streamable_http_client(url) if transport == "streamable-http" else sse_client(url)
             async with client as streams, ClientSession(streams[0], streams[1]) as session:

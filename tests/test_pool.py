@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import pytest
 from aggregator.config import parse_config
 from aggregator.faults import Fault
 from aggregator.upstream.pool import UpstreamPool
-from tests.conftest import EXAMPLES, free_port, kit_upstream
+from tests.conftest import EXAMPLES, free_port, kit_upstream, wait_for_port
 
 
 def config_of(upstreams: dict[str, dict]) -> object:
@@ -111,15 +110,12 @@ def start_toolbox(transport: str, port: int) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError(f"toolbox did not open port {port}")
+    try:
+        wait_for_port(port, proc)
+    except AssertionError:
+        proc.kill()
+        raise
+    return proc
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

@@ -14,28 +14,13 @@ from aggregator.catalog.model import Catalog, ToolEntry, clean_tool, sorted_uniq
 from aggregator.catalog.search import ToolSearchIndex, annotation_tokens
 from aggregator.catalog.store import CatalogStore
 from aggregator.catalog.tokens import is_cjk, stem, tokenize
-from tests.conftest import SHARED_DATA
+from tests.conftest import CATALOG_FILES, SHARED_DATA, real_catalog
 
-CATALOG_FILES = {
-    "everything": "server-everything.json",
-    "filesystem": "server-filesystem.json",
-    "memory": "server-memory.json",
-    "sequential-thinking": "server-sequential-thinking.json",
-    "time": "mcp-server-time.json",
-    "fetch": "mcp-server-fetch.json",
-    "git": "mcp-server-git.json",
-    "sqlite": "mcp-server-sqlite.json",
-}
 METADATA = {
     "git": ("Git repository operations", ["git", "commits", "diff", "branches"]),
     "time": ("Current time and time-zone conversion", []),
     "memory": ("Knowledge graph memory", ["entities", "relations"]),
 }
-
-
-def real_catalog(server: str) -> Catalog:
-    raw = json.loads((SHARED_DATA / "catalogs" / CATALOG_FILES[server]).read_text())
-    return Catalog(server, sorted_unique(clean_tool(server, tool) for tool in raw["tools"]))
 
 
 REAL = {server: real_catalog(server) for server in CATALOG_FILES}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +15,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from tests.conftest import aggregator_env, free_port, kit_upstream, structured, write_config
+from tests.conftest import aggregator_env, free_port, kit_upstream, structured, wait_for_port, write_config
 
 
 def serve_http_command(config: Path) -> list[str]:
@@ -33,15 +32,7 @@ def http_aggregator(config: Path, *args: str, env: dict[str, str] | None = None)
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-                assert time.monotonic() < deadline, "aggregator did not open its port"
-                time.sleep(0.05)
+        wait_for_port(port, proc)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         proc.terminate()
@@ -152,14 +143,7 @@ async def test_loopback_alias_and_allowed_hosts_are_checked(tmp_path: Path) -> N
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.2", port), timeout=0.2).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+        wait_for_port(port, proc, host="127.0.0.2")
         url = f"http://127.0.0.2:{port}/mcp"
         ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
         accept = {"Accept": "application/json, text/event-stream"}
