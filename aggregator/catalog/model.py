@@ -144,16 +144,20 @@ class Catalog:
     resource_templates: tuple[ResourceTemplateEntry, ...] = ()
     loaded_at: float = field(default_factory=time.time)
     dropped: tuple[str, ...] = ()  # one line per malformed entry that was dropped
+    # Derived once (a catalog never changes): every call looks its tool up by name.
+    _by_name: dict[str, ToolEntry] = field(init=False, repr=False, compare=False)
+    _exposed: tuple[ToolEntry, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {t.name: t for t in self.tools})
+        object.__setattr__(self, "_exposed", tuple(t for t in self.tools if not t.hidden))
 
     @property
     def exposed_tools(self) -> tuple[ToolEntry, ...]:
-        return tuple(t for t in self.tools if not t.hidden)
+        return self._exposed
 
     def tool(self, name: str) -> ToolEntry | None:
-        for t in self.tools:
-            if t.name == name:
-                return t
-        return None
+        return self._by_name.get(name)
 
 
 # ---------------------------------------------------------------- cleaning
