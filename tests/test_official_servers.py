@@ -168,6 +168,9 @@ async def test_server_everything_through_the_catalog(tmp_path: Path) -> None:
         )
         assert described["required"] == ["location"]
         assert set(described["output_schema"]["properties"]) == {"temperature", "conditions", "humidity"}
+        describe_args = {"server": "everything", "tool": "simulate-research-query"}
+        task_only = structured(await session.call_tool("catalog_describe_tool", describe_args))
+        assert task_only["execution"]["taskSupport"] == "required"  # the model can see it needs task support
 
         # progress notifications of the upstream reach the host's progress callback
         seen: list[tuple[float, float | None]] = []

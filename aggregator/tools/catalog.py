@@ -166,6 +166,7 @@ class CatalogTools:
             "annotations": dict(tool.annotations) if tool.annotations is not None else None,
             "arg_keys": tool.arg_keys,
             "required": tool.required,
+            "execution": tool.wire.get("execution"),  # e.g. taskSupport "required": not callable through us yet
             "symbol_type": classify_tool(tool.name, self.pool.store.loaded(), self.own_tool_names()).upper(),
             "call_example": {
                 "tool": "catalog_call_tool",
