@@ -342,3 +342,20 @@ async def test_direct_tools_survive_a_crash_and_restart_the_upstream(tmp_path: P
         await anyio.sleep(0.3)
         echo = await session.call_tool("kit__echo", {"message": "back"})
         assert not echo.is_error and echo.content[0].text == "back"
+
+
+async def test_modern_client_hears_tools_list_changed_through_listen(tmp_path: Path) -> None:
+    from mcp import Client
+
+    config = write_config(tmp_path, {"kit": kit_upstream(expose="direct")})
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "aggregator", "serve", "--config", str(config)], env=aggregator_env()
+    )
+    async with Client(params, mode="auto") as client:
+        assert "kit__echo" in {tool.name for tool in (await client.list_tools()).tools}
+        async with client.listen(tools_list_changed=True) as subscription:
+            await client.call_tool("kit__set_tools", {"names": ["modern_new"]})
+            with anyio.fail_after(5):
+                async for _event in subscription:
+                    if "kit__modern_new" in {tool.name for tool in (await client.list_tools()).tools}:
+                        break
