@@ -87,6 +87,47 @@ def wait_for_port(port: int, proc: subprocess.Popen[bytes], host: str = "127.0.0
             time.sleep(0.05)
 
 
+def alive(pid: int) -> bool:
+    """True while `pid` runs; a zombie (killed but not yet reaped) counts as gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def spawn_raw_aggregator(config: Path) -> subprocess.Popen[bytes]:
+    """`aggregator serve` spoken to in raw JSON-RPC (for signal and process-tree tests), after the handshake."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aggregator", "serve", "--config", str(config)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=aggregator_env(),
+    )
+    init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+    assert "result" in rpc(proc, 0, "initialize", init)
+    assert proc.stdin
+    proc.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+    proc.stdin.flush()
+    return proc
+
+
+def rpc(proc: subprocess.Popen[bytes], request_id: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Send one request and return its response, skipping notifications."""
+    assert proc.stdin and proc.stdout
+    proc.stdin.write(
+        (json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}) + "\n").encode()
+    )
+    proc.stdin.flush()
+    while True:
+        line = proc.stdout.readline()
+        assert line, "the aggregator closed its stdout"
+        message = json.loads(line)
+        if message.get("id") == request_id:
+            return dict(message)
+
+
 def aggregator_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGGREGATOR_")}
     env.update(extra)

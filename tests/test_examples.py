@@ -30,7 +30,7 @@ from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.conftest import EXAMPLES, free_port, wait_for_port
+from tests.conftest import EXAMPLES, alive, free_port, wait_for_port
 
 TOOLBOX = str(EXAMPLES / "toolbox.py")
 NOTES = str(EXAMPLES / "notes.py")
@@ -67,15 +67,6 @@ def text_of(result: types.CallToolResult) -> str:
     block = result.content[0]
     assert isinstance(block, types.TextContent)
     return block.text
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` runs; a zombie (killed but not yet reaped) counts as gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 class RawServer:

@@ -13,7 +13,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,7 +25,15 @@ import pytest
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from tests.conftest import ROOT, SHARED_DATA, aggregator_client, aggregator_env, structured, write_config
+from tests.conftest import (
+    ROOT,
+    SHARED_DATA,
+    aggregator_client,
+    rpc,
+    spawn_raw_aggregator,
+    structured,
+    write_config,
+)
 
 SERVERS = ROOT / ".ci" / "servers"
 NODE_DIR = SERVERS / "node"
@@ -375,20 +382,6 @@ def _still_running(pid: int, start_time: int) -> bool:
     return stat is not None and stat[0] != "Z" and stat[2] == start_time  # same process, not a reused pid
 
 
-def _rpc(proc: subprocess.Popen[bytes], request_id: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
-    assert proc.stdin and proc.stdout
-    proc.stdin.write(
-        (json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}) + "\n").encode()
-    )
-    proc.stdin.flush()
-    while True:  # skip notifications
-        line = proc.stdout.readline()
-        assert line, "the aggregator closed its stdout"
-        message = json.loads(line)
-        if message.get("id") == request_id:
-            return dict(message)
-
-
 @pytest.mark.parametrize("how", ["eof", "sigterm"])
 def test_shutdown_leaves_no_server_process_behind(tmp_path: Path, how: str) -> None:
     """Every process of the real servers, npx's `npm exec` → `sh -c` → node chain included, is gone.
@@ -401,24 +394,11 @@ def test_shutdown_leaves_no_server_process_behind(tmp_path: Path, how: str) -> N
     upstreams["filesystem"] = node_server("server-filesystem", str(tmp_path), timeouts=TIMEOUTS)
     upstreams["time"] = {**py_server("mcp-server-time"), "timeouts": TIMEOUTS}
     config = write_config(tmp_path, upstreams)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "aggregator", "serve", "--config", str(config)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=aggregator_env(),
-    )
+    proc = spawn_raw_aggregator(config)
     try:
-        init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
-        assert "result" in _rpc(proc, 1, "initialize", init)
-        assert proc.stdin
-        proc.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
-        proc.stdin.flush()
-        loaded = _rpc(
-            proc, 2, "tools/call", {"name": "catalog_search_tools", "arguments": {"query": "x", "load": True}}
-        )
+        loaded = rpc(proc, 2, "tools/call", {"name": "catalog_search_tools", "arguments": {"query": "x", "load": True}})
         assert not loaded["result"].get("isError") and not loaded["result"]["structuredContent"].get("failed"), loaded
-        echo = _rpc(
+        echo = rpc(
             proc,
             3,
             "tools/call",

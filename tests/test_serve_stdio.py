@@ -3,9 +3,7 @@ in front of real upstream subprocesses."""
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,8 +17,11 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from tests.conftest import (
     aggregator_client,
     aggregator_env,
+    alive,
     example,
     kit_upstream,
+    rpc,
+    spawn_raw_aggregator,
     structured,
     write_config,
 )
@@ -255,43 +256,12 @@ async def test_direct_exposure_and_list_changed(tmp_path: Path) -> None:
 async def test_no_child_process_left_after_shutdown(tmp_path: Path, how: str) -> None:
     pid_file = tmp_path / "grandchild.pid"
     config = write_config(tmp_path, {"kit": kit_upstream("--spawn-grandchild", "--pid-file", str(pid_file))})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "aggregator", "serve", "--config", str(config)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=aggregator_env(),
-    )
-    assert proc.stdin and proc.stdout
-    messages = [
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "t", "version": "0"},
-            },
-        },
-        {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {
-            "jsonrpc": "2.0",
-            "id": 2,
-            "method": "tools/call",
-            "params": {
-                "name": "catalog_call_tool",
-                "arguments": {"server": "kit", "tool": "pid", "arguments": {}},
-            },
-        },
-    ]
-    for message in messages:
-        proc.stdin.write((json.dumps(message) + "\n").encode())
-        proc.stdin.flush()
-    lines = [json.loads(proc.stdout.readline()) for _ in range(2)]
-    upstream_pid = int(lines[1]["result"]["content"][0]["text"])
+    proc = spawn_raw_aggregator(config)
+    assert proc.stdin
+    called = rpc(proc, 1, "tools/call", {"name": "catalog_call_tool", "arguments": {"server": "kit", "tool": "pid"}})
+    upstream_pid = int(called["result"]["content"][0]["text"])
     grandchild = int(pid_file.read_text())
-    assert _alive(upstream_pid) and _alive(grandchild)
+    assert alive(upstream_pid) and alive(grandchild)
 
     if how == "eof":
         proc.stdin.close()
@@ -299,19 +269,10 @@ async def test_no_child_process_left_after_shutdown(tmp_path: Path, how: str) ->
         proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGINT)
     assert proc.wait(timeout=15) in (0, 130, -signal.SIGINT)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (_alive(upstream_pid) or _alive(grandchild)):
+    while time.monotonic() < deadline and (alive(upstream_pid) or alive(grandchild)):
         time.sleep(0.05)
-    assert not _alive(upstream_pid), "upstream survived"
-    assert not _alive(grandchild), "grandchild in the upstream's process group survived"
-
-
-def _alive(pid: int) -> bool:
-    """True if the process exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    assert not alive(upstream_pid), "upstream survived"
+    assert not alive(grandchild), "grandchild in the upstream's process group survived"
 
 
 async def test_modern_protocol_era_client(tmp_path: Path) -> None:
