@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+import typing
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,23 +30,38 @@ log = get_logger(__name__)
 EXIT_USAGE = 2
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (exit 2), like config errors; subcommand parsers are made of it too."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (0-65535)")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     # SUPPRESS: an option given before the subcommand is not reset by the subcommand's default.
-    common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    common = _Parser(add_help=False, argument_default=argparse.SUPPRESS)
     common.add_argument("--config", type=Path, help="YAML (or mcpServers JSON) config file")
     common.add_argument("--log-level", help="debug, info, warning (default), error")
     common.add_argument("--log-file", type=Path, help="write logs to this file instead of stderr")
 
-    parser = argparse.ArgumentParser(
-        prog="aggregator", description="One MCP entry for many MCP servers.", parents=[common]
-    )
+    parser = _Parser(prog="aggregator", description="One MCP entry for many MCP servers.", parents=[common])
     parser.add_argument("--version", action="version", version=f"aggregator {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", parents=[common], help="serve MCP over stdio (default) or streamable HTTP")
     serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     serve.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
+    serve.add_argument("--port", type=_port, default=8765, help="HTTP port (default 8765)")
     serve.add_argument("--allow-host", action="append", default=[], help="extra Host header value to accept")
     serve.add_argument("--data-dir", type=Path, help="where persistent search indexes live")
 

@@ -10,7 +10,7 @@ def render_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Co
 
     `right` holds the indexes of right-aligned columns (numbers).
     """
-    widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in range(len(header))]
+    widths = [max([len(header[i]), *(len(row[i]) for row in rows)]) for i in range(len(header))]
 
     def line(cells: Sequence[str]) -> str:
         padded = [

@@ -102,3 +102,51 @@ def test_search_command_loads_and_ranks(tmp_path: Path) -> None:
     assert "echo" in table.stdout
     empty = run_cli("search", "   ", "--config", str(config))
     assert empty.returncode == 2 and "query" in empty.stderr
+
+
+HOSTILE_CONFIGS = {
+    "laughs.yaml": "".join(
+        [f"l0: &l0 [{', '.join(['lol'] * 9)}]\n"]
+        + [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 10)]
+    ),
+    "deep.yaml": "[" * 100_000 + "]" * 100_000,
+    "deep.json": "[" * 100_000 + "]" * 100_000,
+    "self.yaml": "upstreams: &u {a: *u}\n",
+    "nul.yaml": "upstreams: {}\x00\n",
+    "bell.yaml": "upstreams:\n  a: {command: \x07}\n",
+    "newline-name.yaml": 'upstreams: {"abc\\n": {command: x}}\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_CONFIGS))
+def test_hostile_configs_are_one_line_and_exit_2(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_text(HOSTILE_CONFIGS[name], encoding="utf-8")
+    done = run_cli("list-upstreams", "--config", str(path))
+    assert done.returncode == 2, done
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"aggregator: config error: {path}")
+    assert done.stdout == ""
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "\ufeff"])
+def test_list_upstreams_of_an_empty_config(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "aggregator.yaml"
+    path.write_text(text, encoding="utf-8")
+    done = run_cli("list-upstreams", "--config", str(path))
+    assert done.returncode == 0 and done.stderr == ""
+    assert done.stdout.splitlines()[1].split() == [
+        "name",
+        "transport",
+        "state",
+        "tools",
+        "catalog_age",
+        "handshake",
+        "last_error",
+    ]
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "http", "1e3"])
+def test_bad_port_is_one_line_and_exit_2(port: str) -> None:
+    done = run_cli("serve", "--transport", "http", "--port", port)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "--port" in done.stderr and "Traceback" not in done.stderr

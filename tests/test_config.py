@@ -711,3 +711,75 @@ def test_resolve_data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     assert resolve_data_dir(tmp_path / "flag", Settings(data_dir=tmp_path / "env")) == tmp_path / "flag"
     monkeypatch.setenv("AGGREGATOR_DATA_DIR", str(tmp_path / "from-env"))
     assert resolve_data_dir(None, load_settings()) == tmp_path / "from-env"
+
+
+# ----------------------------------------------------------------------------- hostile files (issue 11)
+
+
+def billion_laughs(levels: int, width: int = 9) -> str:
+    """The classic alias bomb: a few hundred bytes that expand to width**levels nodes."""
+    lines = ["l0: &l0 [" + ", ".join(["lol"] * width) + "]"]
+    for level in range(1, levels):
+        lines.append(f"l{level}: &l{level} [" + ", ".join([f"*l{level - 1}"] * width) + "]")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("levels", [9, 10])
+def test_alias_bombs_are_rejected_before_they_expand(levels: int) -> None:
+    err = error_of(billion_laughs(levels))
+    assert "aliases expand the document past" in err.problem
+
+
+def test_aliases_within_the_limit_still_work() -> None:
+    config = parse(
+        """
+        upstreams:
+          one: {command: x, env: &env {A: "1", B: "2"}}
+          two: {command: y, env: *env}
+        """
+    )
+    assert config.upstreams["two"].env == {"A": "1", "B": "2"}
+
+
+@pytest.mark.parametrize("text", ["a: &a [*a]\n", "upstreams: &u {x: *u}\n", "a: &a {b: [1, {c: *a}]}\n"])
+def test_self_referencing_aliases_are_one_error(text: str) -> None:
+    err = error_of(text)
+    assert "inside its own anchor" in err.problem and err.line == 1
+
+
+@pytest.mark.parametrize("source", ["/cfg/a.yaml", "/cfg/a.json"])
+@pytest.mark.parametrize("depth", [100, 5000, 100_000])
+def test_deep_nesting_is_one_error(source: str, depth: int) -> None:
+    err = error_of("[" * depth + "]" * depth, source=source)
+    assert "nested" in err.problem
+
+
+@pytest.mark.parametrize("char", ["\x00", "\x07", "\x1b", "\ufffe"])
+def test_control_characters_are_one_error_with_the_line(char: str) -> None:
+    err = error_of(f"upstreams:\n  a: {{command: x{char}}}\n")
+    assert "is not allowed in YAML" in err.problem and err.line == 2
+    assert char not in str(err)
+
+
+@pytest.mark.parametrize("text", ["", "# just a comment\n", "\ufeff", "\ufeff# c\n", "\n\n", "---\n"])
+def test_empty_files_load_as_no_upstreams(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "aggregator.yaml"
+    path.write_text(text, encoding="utf-8")
+    assert load_config(path, environ={}, cwd=tmp_path).upstreams == {}
+
+
+@pytest.mark.parametrize("name", ["abc\n", "abc\r\n", "\nabc", "abc\t"])
+def test_names_must_match_entirely(name: str) -> None:
+    import json
+
+    err = error_of(json.dumps({"upstreams": {name: {"command": "x"}}}))
+    assert "only letters, digits" in err.problem
+    assert "\n" not in str(err)
+    with pytest.raises(ValueError, match="does not match"):
+        UpstreamConfig(name=name, transport="stdio", command="x")
+
+
+def test_jsonc_errors_name_the_line_and_column() -> None:
+    err = error_of('{\n  // c\n  "mcpServers": {"a": {"command": "x"}} oops\n}\n', source="/c/mcp.json")
+    assert err.line == 3 and "invalid JSON" in err.problem and "column" in err.problem
+    assert "invalid JSON" in error_of("", source="/c/mcp.json").problem

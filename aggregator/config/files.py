@@ -1,0 +1,64 @@
+"""Where the config file is (``--config`` > ``AGGREGATOR_CONFIG`` > ./aggregator.yaml > user dir)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import platformdirs
+
+from aggregator.config.errors import ConfigError
+
+__all__ = ["CONFIG_FILE_NAME", "find_config_path", "read_text", "user_config_file"]
+
+CONFIG_FILE_NAME = "aggregator.yaml"
+
+
+def user_config_file() -> Path:
+    """The per-user config file: ``user_config_dir("aggregator")/aggregator.yaml``."""
+    return Path(platformdirs.user_config_dir("aggregator")) / CONFIG_FILE_NAME
+
+
+def find_config_path(explicit: str | os.PathLike[str] | None, environ: Mapping[str, str], cwd: Path) -> Path | None:
+    """The config file to use: ``--config`` > ``AGGREGATOR_CONFIG`` > ./aggregator.yaml > user dir.
+
+    None means the built-in default. A path given explicitly (flag or variable) must exist: it
+    is an error, not a reason to fall back. ``~`` is expanded there, since clients start the
+    aggregator without a shell.
+    """
+    if explicit is not None and str(explicit) != "":
+        return _require_file(_absolute(explicit, cwd), "the path given with --config")
+    from_env = environ.get("AGGREGATOR_CONFIG", "")
+    if from_env:
+        return _require_file(_absolute(from_env, cwd), "the AGGREGATOR_CONFIG environment variable")
+    for candidate in (cwd / CONFIG_FILE_NAME, user_config_file()):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _absolute(path: str | os.PathLike[str], cwd: Path) -> Path:
+    candidate = Path(path).expanduser()
+    return candidate if candidate.is_absolute() else cwd / candidate
+
+
+def _require_file(path: Path, origin: str) -> Path:
+    if path.is_dir():
+        raise ConfigError(str(path), None, "this is a directory, not a config file", f"correct {origin}")
+    if not path.is_file():
+        raise ConfigError(str(path), None, "config file not found", f"create the file, or correct {origin}")
+    return path
+
+
+def read_text(path: Path) -> str:
+    """The file's text (UTF-8, a BOM dropped); problems become one-line `ConfigError`s."""
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise ConfigError(str(path), None, "the file is not UTF-8 text", "save it as UTF-8") from None
+    except FileNotFoundError:
+        raise ConfigError(str(path), None, "config file not found", "create the file") from None
+    except OSError as exc:
+        problem = f"cannot read the file ({exc.strerror or type(exc).__name__})"
+        raise ConfigError(str(path), None, problem, "check the path and its permissions") from None

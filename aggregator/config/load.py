@@ -1,0 +1,51 @@
+"""The entry points: `load_config` (find, read, parse) and `parse_config` (one text)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+
+from aggregator.config.build import build_config
+from aggregator.config.errors import Context, Lines
+from aggregator.config.files import find_config_path, read_text
+from aggregator.config.jsonc import parse_json
+from aggregator.config.models import BUILTIN_SOURCE, AggregatorConfig
+from aggregator.config.yamlfile import parse_yaml
+
+__all__ = ["load_config", "parse_config"]
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> AggregatorConfig:
+    """Find, read and parse the configuration (see `find_config_path` for the lookup order)."""
+    environ = os.environ if environ is None else environ
+    cwd = Path.cwd() if cwd is None else cwd
+    found = find_config_path(path, environ, cwd)
+    if found is None:
+        text = resources.files("aggregator").joinpath("default_config.yaml").read_text(encoding="utf-8")
+        return parse_config(text, BUILTIN_SOURCE, environ=environ)
+    return parse_config(read_text(found), str(found), environ=environ)
+
+
+def parse_config(text: str, source: str, *, environ: Mapping[str, str] | None = None) -> AggregatorConfig:
+    """Parse one config text. ``source`` names it in messages; a ``.json`` source is read as JSON."""
+    environ = os.environ if environ is None else environ
+    lines: Lines = {}
+    if source.lower().endswith(".json"):
+        data = parse_json(text, source)
+    else:
+        data, lines = parse_yaml(text, source)
+    ctx = Context(source=source, lines=lines, environ=environ, base_dir=_base_dir(source))
+    return build_config(data, ctx)
+
+
+def _base_dir(source: str) -> Path | None:
+    if source.startswith("<"):
+        return None
+    return Path(source).expanduser().absolute().parent
