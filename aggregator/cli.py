@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from aggregator.stdio import plug_standard_fds
+
+    plug_standard_fds()  # before anything opens a file: `serve <&-` must not read from a stray descriptor
     args = build_parser().parse_args(argv)
     try:
         settings = load_settings()
@@ -118,7 +121,7 @@ def _backend_options() -> dict[str, Any]:
 
 
 async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    from aggregator.http import HttpConfigError, bind_socket, build_app, check_bind, serve_http
+    from aggregator.http import HttpConfigError, HttpLimits, bind_socket, build_app, check_bind, serve_http
     from aggregator.server import AggregatorServer
     from aggregator.upstream.pool import UpstreamPool
 
@@ -136,21 +139,38 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
     async with anyio.create_task_group() as tg:
         tg.start_soon(_stop_on_signal, tg.cancel_scope)
         async with UpstreamPool.running(config) as pool:
-            server = AggregatorServer(pool, data_dir=data_dir, max_result_bytes=config.max_result_bytes)
+            server = AggregatorServer(
+                pool, data_dir=data_dir, max_result_bytes=config.max_result_bytes, search_max_k=settings.search_max_k
+            )
             async with server.running():
                 if sock is None:
-                    await _serve_stdio(server)
+                    await _serve_stdio(server, settings)
                 else:
-                    app = build_app(server, host=args.host, port=args.port, token=token, allowed_hosts=args.allow_host)
-                    await serve_http(app, sock)
+                    limits = HttpLimits(
+                        max_sessions=settings.http_max_sessions,
+                        max_sessions_per_client=settings.http_max_sessions_per_client,
+                        session_idle_seconds=settings.http_session_idle_seconds,
+                        header_timeout=settings.http_header_timeout,
+                        body_timeout=settings.http_body_timeout,
+                    )
+                    app = build_app(
+                        server,
+                        host=args.host,
+                        port=args.port,
+                        token=token,
+                        allowed_hosts=args.allow_host,
+                        limits=limits,
+                    )
+                    await serve_http(app, sock, limits=limits)
         tg.cancel_scope.cancel()
     return 0
 
 
-async def _serve_stdio(server: Any) -> None:
-    from aggregator.stdio import stdio_streams
+async def _serve_stdio(server: Any, settings: Settings) -> None:
+    from aggregator.stdio import StdioLimits, stdio_streams
 
-    async with stdio_streams() as (read, write):
+    limits = StdioLimits(max_in_flight=settings.max_in_flight, drain_seconds=settings.drain_seconds)
+    async with stdio_streams(limits) as (read, write):
         await server.lowlevel.run(read, write, server.lowlevel.create_initialization_options())
 
 

@@ -8,7 +8,6 @@ client → here → a tool family → catalog or upstream pool → one upstream.
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -34,7 +33,7 @@ from aggregator.log import get_logger
 from aggregator.tools.base import OwnTool, ToolContext, fault_result, text_result
 from aggregator.tools.catalog import CatalogTools
 from aggregator.tools.introspection import introspection_tools
-from aggregator.tools.text_search import TextSearchTools
+from aggregator.tools.text_search import DEFAULT_MAX_K, TextSearchTools
 from aggregator.upstream.pool import UpstreamPool
 
 log = get_logger(__name__)
@@ -67,17 +66,19 @@ class _Server(Server[Any]):
 
 
 class AggregatorServer:
-    def __init__(self, pool: UpstreamPool, *, data_dir: Path, max_result_bytes: int) -> None:
+    def __init__(
+        self, pool: UpstreamPool, *, data_dir: Path, max_result_bytes: int, search_max_k: int = DEFAULT_MAX_K
+    ) -> None:
         self.pool = pool
         self.index = ToolSearchIndex()
         for name in pool.upstream_names():
             self.index.set_server_metadata(name, *pool.metadata(name))
         self.index.attach(pool.store)
-        self.text_search = TextSearchTools(data_dir)
+        self.text_search = TextSearchTools(data_dir, max_k=search_max_k, max_result_bytes=max_result_bytes)
         self.catalog_tools = CatalogTools(pool, self.index, max_result_bytes, lambda: self._own)
         self.own_tools: list[OwnTool] = [
             *self.catalog_tools.tools(),
-            *introspection_tools(pool, lambda: self.own_tools),
+            *introspection_tools(pool, lambda: self.own_tools, max_result_bytes),
             *self.text_search.tools(),
         ]
         self._own = {tool.name: tool for tool in self.own_tools}
@@ -91,7 +92,7 @@ class AggregatorServer:
         self._direct_catalogs: dict[str, Catalog] = {}  # the last catalog each direct upstream listed
         self._listing: types.ListToolsResult | None = None
         self._changed = anyio.Event()
-        self._legacy_sessions: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._legacy_sessions: dict[Any, Any] = {}  # connection -> session; dropped when the connection ends
         self.bus = InMemorySubscriptionBus()
         self.listen = ListenHandler(self.bus)
         self.lowlevel = _Server(
@@ -184,8 +185,15 @@ class AggregatorServer:
     async def _track_session(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         session = ctx.session
         connection = getattr(session, "_connection", None)
-        if connection is not None and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        if (
+            connection is not None
+            and connection not in self._legacy_sessions
+            and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        ):
+            # Not a weak mapping: the session refers to its connection, so a weak key never died (a leak
+            # per closed HTTP session). The connection's exit stack unwinds when it ends, however it ends.
             self._legacy_sessions[connection] = session
+            connection.exit_stack.callback(self._legacy_sessions.pop, connection, None)
         return await call_next(ctx)
 
     # ------------------------------------------------------------ tools/call

@@ -30,6 +30,15 @@ class Settings(BaseSettings):
     log_file: Path | None = None
     token: SecretStr | None = None  # bearer token required by the HTTP server mode
     max_result_bytes: int | None = Field(default=None, ge=1024)  # overrides the config file's
+    # Serving limits (README "Failure behaviour"): per stdio session, per HTTP server, per search.
+    max_in_flight: int = Field(default=64, ge=1)  # requests of one session being worked on at once
+    drain_seconds: float = Field(default=10.0, ge=0, le=3600)  # after stdin closes, for requests still running
+    http_max_sessions: int = Field(default=1000, ge=1)  # open HTTP sessions; past it the least busy is evicted
+    http_max_sessions_per_client: int = Field(default=200, ge=1)  # per client address
+    http_session_idle_seconds: float = Field(default=900.0, gt=0)  # an HTTP session with no request is closed
+    http_header_timeout: float = Field(default=10.0, gt=0)  # to receive a request's line and headers
+    http_body_timeout: float = Field(default=30.0, gt=0)  # to receive a request's body once its headers came
+    search_max_k: int = Field(default=1000, ge=1)  # search_index's largest k
 
     @field_validator("log_level")
     @classmethod

@@ -1,73 +1,184 @@
-"""The downstream stdio transport: MCP over our own stdin/stdout, cancellable.
+"""The downstream stdio transport: MCP over our own stdin/stdout, cancellable and bounded.
 
 The SDK's `stdio_server` reads stdin in a worker thread, which a cancellation
 cannot interrupt: on SIGTERM the server would hang until the client closed
 stdin, and the upstreams would live on. Here stdin and stdout are
 non-blocking descriptors awaited with `anyio.wait_readable`/`wait_writable`, so
-a signal ends serving at once and the pool can stop every upstream.
+a signal ends serving at once and the pool can stop every upstream. A
+descriptor the event loop cannot poll (a regular file, `/dev/null`) is read or
+written in a worker thread instead: such reads and writes never block for long.
 
 While serving, fd 0 reads from the null device and fd 1 goes to stderr (the
 wire uses private duplicates): a stray `print()` or a child that inherits our
 descriptors can never corrupt the protocol stream.
+
+What the client sends is checked line by line (`inbound`): a line that is not a
+valid request is answered with the JSON-RPC error it deserves, an oversized one
+is skipped, and the session goes on. At most `max_in_flight` requests are with
+the server at once; past that, stdin is not read until an answer has been
+written to stdout, so a client that stops reading its answers stops us reading
+its requests instead of growing our memory. When stdin ends, requests still
+running get `drain_seconds` to finish; whatever is left is cancelled and
+answered with an error, and every answer is flushed before we return.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
-import stat
+import selectors
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from typing import Any, cast
 
 import anyio
+import anyio.to_thread
+import mcp.types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.server.stdio import stdio_server
-from mcp.shared.message import SessionMessage
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
+from aggregator.inbound import Oversized, Refusal, SkippingLineSplitter, parse_client_line, refuse_oversized
 from aggregator.log import get_logger
-from aggregator.wire import LineSplitter, MessageTooLarge, encode, parse_line
+from aggregator.wire import encode
 
 log = get_logger(__name__)
 
 READ_CHUNK = 1 << 16
+FLUSH_SECONDS = 5.0
+LONG_LIVED = frozenset({"subscriptions/listen"})  # open for the whole session: not waited for at EOF
 
 
-def _pollable(fd: int) -> bool:
-    """Pipes, sockets and ttys can be awaited; regular files (`< file`) cannot."""
+@dataclass(frozen=True, slots=True)
+class StdioLimits:
+    """Per-session bounds (settings `AGGREGATOR_MAX_IN_FLIGHT`, `AGGREGATOR_DRAIN_SECONDS`)."""
+
+    max_in_flight: int = 64
+    drain_seconds: float = 10.0
+
+
+def plug_standard_fds() -> None:
+    """Open the null device on fds 0-2 if they were closed when we started (`aggregator serve <&-`).
+
+    Otherwise the next file or socket opened lands on fd 0 or 1 and would be
+    taken for the client's pipe (uvloop even aborts on it).
+    """
+    for fd, flags in ((0, os.O_RDONLY), (1, os.O_WRONLY), (2, os.O_WRONLY)):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, flags)
+            if opened != fd:  # a lower fd was free too: it gets its own null device on the next turn
+                os.dup2(opened, fd)
+                os.close(opened)
+
+
+def _pollable(fd: int, events: int) -> bool:
+    """Whether the event loop can wait on `fd`: pipes, sockets, ttys; not files or /dev/null."""
     try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, events)
+    except (OSError, ValueError):
         return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
+    return True
+
+
+def _dup_private(fd: int) -> int:
+    """A close-on-exec duplicate of `fd` above the standard descriptors."""
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+
+
+class InFlight:
+    """Requests handed to the server and not yet answered on stdout: the per-session bound."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._methods: dict[Any, str] = {}
+        self._changed = anyio.Event()
+        self.closed = False  # stdout is gone: nobody waits for room any more
+
+    def __len__(self) -> int:
+        return len(self._methods)
+
+    def add(self, request_id: Any, method: str) -> None:
+        self._methods[request_id] = method
+
+    def discard(self, request_id: Any) -> None:
+        if self._methods.pop(request_id, None) is not None:
+            self._wake()
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def draining(self) -> int:
+        """Requests that a shutdown waits for (long-lived subscriptions excluded)."""
+        return sum(method not in LONG_LIVED for method in self._methods.values())
+
+    async def room(self) -> None:
+        while len(self._methods) >= self.limit and not self.closed:
+            await self._changed.wait()
+
+    async def drained(self) -> None:
+        while self.draining() and not self.closed:
+            await self._changed.wait()
+
+
+@dataclass(slots=True)
+class _Wire:
+    fd_in: int
+    fd_out: int
+    poll_in: bool
+    poll_out: bool
 
 
 @asynccontextmanager
-async def stdio_streams() -> AsyncIterator[
+async def stdio_streams(
+    limits: StdioLimits | None = None,
+) -> AsyncIterator[
     tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
 ]:
     """(read, write) streams for `Server.run` over this process's stdin/stdout."""
-    if sys.platform == "win32" or not (_pollable(0) and _pollable(1)):  # pragma: no cover - fallback
+    limits = limits or StdioLimits()
+    if sys.platform == "win32":  # pragma: no cover - fallback
         async with stdio_server() as streams:
             yield streams  # type: ignore[misc]
         return
+    wire = _Wire(_dup_private(0), _dup_private(1), _pollable(0, selectors.EVENT_READ), False)
+    wire.poll_out = _pollable(1, selectors.EVENT_WRITE)
     blocking = os.get_blocking(0), os.get_blocking(1)  # shared with whoever started us: restore on exit
-    wire_in, wire_out = os.dup(0), os.dup(1)
-    saved_in, saved_out = os.dup(0), os.dup(1)
+    saved_in, saved_out = _dup_private(0), _dup_private(1)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(2, 1)
     os.close(null)
-    os.set_blocking(wire_in, False)
-    os.set_blocking(wire_out, False)
-    to_server, read = anyio.create_memory_object_stream[SessionMessage | Exception](64)
-    write, from_server = anyio.create_memory_object_stream[SessionMessage](64)
+    if wire.poll_in:
+        os.set_blocking(wire.fd_in, False)
+    if wire.poll_out:
+        os.set_blocking(wire.fd_out, False)
+    to_server, read = anyio.create_memory_object_stream[SessionMessage | Exception](16)
+    write, from_server = anyio.create_memory_object_stream[SessionMessage | bytes](64)
+    in_flight = InFlight(limits.max_in_flight)
+    writer_done = anyio.Event()
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_read_messages, wire_in, to_server)
-            tg.start_soon(_write_messages, wire_out, from_server)
+            reader = anyio.CancelScope()
+            tg.start_soon(_read_messages, wire, to_server, write.clone(), in_flight, limits, reader)
+            tg.start_soon(_write_messages, wire, from_server, in_flight, writer_done)
             try:
-                yield read, write
+                yield read, cast(MemoryObjectSendStream[SessionMessage], write)
             finally:
+                # The server has stopped: stop reading, then let the writer flush what it was given.
+                reader.cancel()
+                write.close()
+                with anyio.move_on_after(FLUSH_SECONDS, shield=True):
+                    await writer_done.wait()
                 tg.cancel_scope.cancel()
     finally:
         for fd, saved, was_blocking in ((0, saved_in, blocking[0]), (1, saved_out, blocking[1])):
@@ -75,51 +186,136 @@ async def stdio_streams() -> AsyncIterator[
                 os.set_blocking(saved, was_blocking)
                 os.dup2(saved, fd)
                 os.close(saved)
-        for fd in (wire_in, wire_out):
+        for fd in (wire.fd_in, wire.fd_out):
             with suppress(OSError):
                 os.close(fd)
 
 
-async def _read_messages(fd: int, sink: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
-    """Newline-delimited JSON-RPC from `fd` until EOF; a bad line is passed on as an exception."""
-    splitter = LineSplitter()
-    async with sink:
-        while True:
-            await anyio.wait_readable(fd)
-            try:
-                chunk = os.read(fd, READ_CHUNK)
-            except BlockingIOError:
-                continue
-            except OSError:
-                return
-            if not chunk:
-                return
-            try:
-                lines = splitter.feed(chunk)
-            except MessageTooLarge as exc:
-                log.error("client message too large; closing", error=str(exc))
-                return
-            for line in lines:
-                if line.strip():
-                    await sink.send(parse_line(line, "client"))
+async def _read_chunk(wire: _Wire) -> bytes:
+    """The next bytes of stdin; b"" at EOF or on a read error."""
+    if not wire.poll_in:
+        try:
+            return await anyio.to_thread.run_sync(os.read, wire.fd_in, READ_CHUNK)
+        except OSError:
+            return b""
+    while True:
+        await anyio.wait_readable(wire.fd_in)
+        try:
+            return os.read(wire.fd_in, READ_CHUNK)
+        except BlockingIOError:
+            continue
+        except OSError:
+            return b""
 
 
-async def _write_messages(fd: int, source: MemoryObjectReceiveStream[SessionMessage]) -> None:
-    async with source:
-        async for message in source:
-            try:
-                await _write_all(fd, encode(message))
-            except OSError as exc:  # the client went away
-                log.info("stdout closed", error=str(exc))
+async def _read_messages(
+    wire: _Wire,
+    sink: MemoryObjectSendStream[SessionMessage | Exception],
+    replies: MemoryObjectSendStream[SessionMessage | bytes],
+    in_flight: InFlight,
+    limits: StdioLimits,
+    scope: anyio.CancelScope,
+) -> None:
+    """Newline-delimited JSON-RPC from stdin until EOF, then drain; refusals are answered here."""
+    splitter = SkippingLineSplitter()
+    with scope:
+        async with sink, replies:
+            while not in_flight.closed:
+                chunk = await _read_chunk(wire)
+                if not chunk:
+                    break
+                for item in splitter.feed(chunk):
+                    if not await _route(item, sink, replies, in_flight):
+                        return
+            if in_flight.closed:
                 return
+            with anyio.move_on_after(limits.drain_seconds):
+                await in_flight.drained()
+            if in_flight.draining():
+                log.warning(
+                    "stdin closed; cancelling requests still running",
+                    requests=in_flight.draining(),
+                    waited_seconds=limits.drain_seconds,
+                )
 
 
-async def _write_all(fd: int, data: bytes) -> None:
+async def _route(
+    item: bytes | Oversized,
+    sink: MemoryObjectSendStream[SessionMessage | Exception],
+    replies: MemoryObjectSendStream[SessionMessage | bytes],
+    in_flight: InFlight,
+) -> bool:
+    """Hand one line to the server, or answer it ourselves; False once stdout is gone."""
+    if isinstance(item, Oversized):
+        parsed: SessionMessage | Refusal = refuse_oversized(item)
+    elif not item.strip():
+        return True
+    else:
+        parsed = parse_client_line(item)
+    try:
+        if isinstance(parsed, Refusal):
+            log.warning("refused a client message", reason=parsed.reason, answered=parsed.reply is not None)
+            if parsed.reply is not None:
+                await replies.send(parsed.reply)
+            return True
+        message = parsed.message
+        if isinstance(message, types.JSONRPCRequest):
+            await in_flight.room()
+            in_flight.add(message.id, message.method)
+            parsed = SessionMessage(message, metadata=_settle_metadata(in_flight, message.id))
+        await sink.send(parsed)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        return False
+    return True
+
+
+def _settle_metadata(in_flight: InFlight, request_id: Any) -> ServerMessageMetadata:
+    """Frees the request's slot if the server settles it without an answer (the client cancelled it)."""
+
+    async def unanswered() -> None:
+        in_flight.discard(request_id)
+
+    return ServerMessageMetadata(on_request_unanswered=unanswered)
+
+
+async def _write_messages(
+    wire: _Wire,
+    source: MemoryObjectReceiveStream[SessionMessage | bytes],
+    in_flight: InFlight,
+    done: anyio.Event,
+) -> None:
+    try:
+        async with source:
+            async for item in source:
+                try:
+                    await _write_all(wire, item if isinstance(item, bytes) else encode(item))
+                except OSError as exc:  # the client went away
+                    log.info("stdout closed", error=str(exc))
+                    in_flight.close()
+                    return
+                if isinstance(item, SessionMessage) and isinstance(
+                    item.message, types.JSONRPCResponse | types.JSONRPCError
+                ):
+                    in_flight.discard(item.message.id)
+    finally:
+        done.set()
+
+
+async def _write_all(wire: _Wire, data: bytes) -> None:
+    if not wire.poll_out:
+        await anyio.to_thread.run_sync(_write_blocking, wire.fd_out, data)
+        return
     view = memoryview(data)
     while view:
         try:
-            written = os.write(fd, view)
+            written = os.write(wire.fd_out, view)
         except BlockingIOError:
-            await anyio.wait_writable(fd)
+            await anyio.wait_writable(wire.fd_out)
             continue
         view = view[written:]
+
+
+def _write_blocking(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

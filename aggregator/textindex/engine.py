@@ -182,6 +182,8 @@ def run_search(reader: PostingsReader, config: TokenizerConfig, query: ParsedQue
     needed = sorted(set(query.positive) | set(query.must_not) | phrase_tokens)
     freqs = {term: reader.frequencies(term) for term in needed}
     docs = _matching_docs(reader, query, freqs)
+    if not docs:  # also spares idf() an empty index, where ln(0) has no value
+        return SearchOutcome([], 0)
     top = rank_top(_scores(query, freqs, docs, reader.snapshot_doc_count()), k)
     stored = reader.documents([doc for doc, _ in top])
     hits = [

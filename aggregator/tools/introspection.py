@@ -32,6 +32,7 @@ from typing import Any
 import mcp.types as types
 import structlog
 
+from aggregator.catalog.caps import DEFAULT_MAX_RESULT_BYTES
 from aggregator.catalog.model import Catalog, MalformedEntry, ToolEntry, clean_tool
 from aggregator.catalog.source import CatalogSource
 from aggregator.catalog.symbols import (
@@ -224,8 +225,26 @@ def _plural(count: int) -> str:
     return "symbol" if count == 1 else "symbols"
 
 
+def cap_lines(lines: list[str], max_bytes: int, what: str, hint: str) -> list[str]:
+    """The longest prefix of `lines` within `max_bytes` of UTF-8, plus a line saying how many were left out."""
+    kept, size = 0, 0
+    for line in lines:
+        size += len(line.encode("utf-8", "replace")) + 1
+        if size > max_bytes:
+            break
+        kept += 1
+    if kept == len(lines):
+        return lines
+    left = len(lines) - kept
+    return [*lines[:kept], f"... {left} more {what} not shown (answers are capped at {max_bytes} bytes); {hint}"]
+
+
 async def apropos_search(
-    source: CatalogSource, own_tools: OwnTools, cache: TableCache, arguments: Mapping[str, Any]
+    source: CatalogSource,
+    own_tools: OwnTools,
+    cache: TableCache,
+    arguments: Mapping[str, Any],
+    max_bytes: int = DEFAULT_MAX_RESULT_BYTES,
 ) -> types.CallToolResult:
     pattern = required_str(arguments, "pattern")
     package = optional_str(arguments, "package")
@@ -240,12 +259,16 @@ async def apropos_search(
         return text_result(scope)
     found = scope.table.apropos(pattern, scope.package, type_)
     lines = [f"Found {len(found)} {_plural(len(found))} matching '{pattern}':", ""]
-    lines.extend(s.line for s in found)
+    lines.extend(cap_lines([s.line for s in found], max_bytes, "symbols", "narrow the pattern or pass package or type"))
     return text_result(scope.finish(lines))
 
 
 async def who_references(
-    source: CatalogSource, own_tools: OwnTools, cache: TableCache, arguments: Mapping[str, Any]
+    source: CatalogSource,
+    own_tools: OwnTools,
+    cache: TableCache,
+    arguments: Mapping[str, Any],
+    max_bytes: int = DEFAULT_MAX_RESULT_BYTES,
 ) -> types.CallToolResult:
     name = required_str(arguments, "name")
     package = optional_str(arguments, "package")
@@ -257,27 +280,30 @@ async def who_references(
         lines = [f"No references found for {name}"]
     else:
         lines = [f"Code that references {name}:", ""]
-        lines.extend(ref.text for ref in refs)
+        lines.extend(cap_lines([ref.text for ref in refs], max_bytes, "entries", "pass package to narrow it"))
     return text_result(scope.finish(lines))
 
 
-def introspection_tools(source: CatalogSource, own_tools: OwnTools) -> list[OwnTool]:
+def introspection_tools(
+    source: CatalogSource, own_tools: OwnTools, max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
+) -> list[OwnTool]:
     """The tools `apropos-search` and `who-references`, reading `source`'s catalogs.
 
     `own_tools()` returns every tool the aggregator serves itself (these two
     included); they are package `aggregator`. It is called once per request.
+    Their entry lines are cut to about `max_result_bytes`, saying how many were left out.
     """
     cache = TableCache()
 
     async def apropos(arguments: Mapping[str, Any], ctx: ToolContext) -> types.CallToolResult:
         try:
-            return await apropos_search(source, own_tools, cache, arguments)
+            return await apropos_search(source, own_tools, cache, arguments, max_result_bytes)
         except BadCall as exc:
             return text_result(str(exc), is_error=True)
 
     async def references(arguments: Mapping[str, Any], ctx: ToolContext) -> types.CallToolResult:
         try:
-            return await who_references(source, own_tools, cache, arguments)
+            return await who_references(source, own_tools, cache, arguments, max_result_bytes)
         except BadCall as exc:
             return text_result(str(exc), is_error=True)
 

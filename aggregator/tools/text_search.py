@@ -20,6 +20,8 @@ import anyio.to_thread
 import mcp.types as types
 import structlog
 
+from aggregator.catalog.caps import DEFAULT_MAX_RESULT_BYTES, cap_list
+from aggregator.faults import Fault
 from aggregator.textindex.engine import AddOutcome, SearchOutcome, TextIndex
 from aggregator.textindex.query import ParsedQuery, parse_query
 from aggregator.textindex.registry import BACKENDS, DEFAULT_INDEX, IndexRegistry, TextIndexError
@@ -34,6 +36,7 @@ from aggregator.tools.base import OwnTool, ToolContext, json_result
 log = structlog.get_logger(__name__)
 
 DEFAULT_K = 10
+DEFAULT_MAX_K = 1000
 DEFAULT_MAX_CONTENT_BYTES = 1 << 20
 
 Handler = Callable[[Mapping[str, Any]], Awaitable[dict[str, Any]]]
@@ -70,12 +73,14 @@ def _utf8_size(value: str, what: str) -> int:
         raise TextIndexError(message) from None
 
 
-def _k(arguments: Mapping[str, Any]) -> int:
+def _k(arguments: Mapping[str, Any], max_k: int) -> int:
     value = arguments.get("k", DEFAULT_K)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise TextIndexError("k must be an integer >= 1")
+    if value > max_k:
+        raise TextIndexError(f"k must be at most {max_k}")
     return value
 
 
@@ -116,12 +121,17 @@ def _doc_id(arguments: Mapping[str, Any]) -> str:
 # --- payloads ---
 
 
-def _search_payload(outcome: SearchOutcome, parsed: ParsedQuery) -> dict[str, Any]:
-    return {
-        "results": [hit.to_dict() for hit in outcome.hits],
-        "total_matches": outcome.total_matches,
-        "query_parsed": parsed.to_dict(),
-    }
+def _search_payload(outcome: SearchOutcome, parsed: ParsedQuery, max_bytes: int) -> dict[str, Any]:
+    """The seed's payload, its results cut to the largest prefix within `max_bytes` (`truncated: true` then)."""
+
+    def build(hits: list[dict[str, Any]], truncated: bool) -> dict[str, Any]:
+        payload = {"results": hits, "total_matches": outcome.total_matches, "query_parsed": parsed.to_dict()}
+        return {**payload, "truncated": True} if truncated else payload
+
+    try:
+        return cap_list([hit.to_dict() for hit in outcome.hits], build, max_bytes)
+    except Fault as fault:
+        raise TextIndexError(f"Result too large: {fault.message}") from None
 
 
 def _add_payload(outcome: AddOutcome) -> dict[str, Any]:
@@ -131,9 +141,18 @@ def _add_payload(outcome: AddOutcome) -> dict[str, Any]:
 class TextSearchTools:
     """The three search-index tools over one `IndexRegistry` rooted at `data_dir`."""
 
-    def __init__(self, data_dir: Path, max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES,
+        *,
+        max_k: int = DEFAULT_MAX_K,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+    ) -> None:
         self.registry = IndexRegistry(data_dir)
         self.max_content_bytes = max_content_bytes
+        self.max_k = max_k
+        self.max_result_bytes = max_result_bytes
 
     def close(self) -> None:
         """Close the SQLite connections (indexes reopen lazily if used again)."""
@@ -182,14 +201,14 @@ class TextSearchTools:
         if not isinstance(query, str):
             raise TextIndexError("query is required and must be a string")
         _utf8_size(query, "query")
-        k = _k(arguments)
+        k = _k(arguments, self.max_k)
         name = _optional_str(arguments, "index_name", DEFAULT_INDEX)
         index = await self._index(name)
         parsed = parse_query(query, index.config)
         if parsed.is_empty:
-            return _search_payload(SearchOutcome([], 0), parsed)
+            return _search_payload(SearchOutcome([], 0), parsed, self.max_result_bytes)
         outcome = await anyio.to_thread.run_sync(index.search, parsed, k)
-        return _search_payload(outcome, parsed)
+        return _search_payload(outcome, parsed, self.max_result_bytes)
 
     async def _run(
         self, handler: Handler, tool: str, arguments: Mapping[str, Any] | None, ctx: ToolContext
@@ -241,7 +260,7 @@ class TextSearchTools:
                 name="search_index",
                 title="Search a search index",
                 description=_SEARCH_DESCRIPTION,
-                input_schema=_SEARCH_SCHEMA,
+                input_schema=_search_schema(self.max_k),
                 handler=partial(self._run, self._search, "search_index"),
                 annotations={"readOnlyHint": True, "idempotentHint": True, "openWorldHint": False},
             ),
@@ -266,7 +285,8 @@ _SEARCH_DESCRIPTION = (
     'must match), +word is required, -word excludes documents, "a phrase" must appear as consecutive '
     'words (-"a phrase" excludes it). '
     "Returns {results: [{doc_id, score, highlights (up to 3 snippets), metadata}], total_matches "
-    "(all matching documents, before k), query_parsed: {terms, must, must_not, phrases}}."
+    "(all matching documents, before k), query_parsed: {terms, must, must_not, phrases}}; "
+    "truncated: true when results were cut to fit the result size limit."
 )
 
 _CREATE_SCHEMA: dict[str, Any] = {
@@ -332,21 +352,23 @@ def _add_schema(max_content_bytes: int) -> dict[str, Any]:
     }
 
 
-_SEARCH_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "query": {
-            "type": "string",
-            "description": 'Words to find; +word required, -word excluded, "exact phrase" required.',
+def _search_schema(max_k: int) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "query": {
+                "type": "string",
+                "description": 'Words to find; +word required, -word excluded, "exact phrase" required.',
+            },
+            "k": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": max_k,
+                "default": DEFAULT_K,
+                "description": f"Maximum number of results (default 10, at most {max_k}).",
+            },
+            "index_name": _INDEX_NAME_PROP,
         },
-        "k": {
-            "type": "integer",
-            "minimum": 1,
-            "default": DEFAULT_K,
-            "description": "Maximum number of results (default 10).",
-        },
-        "index_name": _INDEX_NAME_PROP,
-    },
-    "required": ["query"],
-    "additionalProperties": False,
-}
+        "required": ["query"],
+        "additionalProperties": False,
+    }

@@ -1,0 +1,210 @@
+"""What a client's line on stdin becomes: a message for the server, or the error that answers it.
+
+JSON-RPC 2.0 says every request gets a response, even a broken one: text that is
+not JSON gets -32700 (Parse error), JSON that is not a valid request -32600
+(Invalid Request), with the request's `id` when one can be read and `null`
+otherwise. MCP allows only string or integer ids and object params, and no
+batches; such a message is refused with -32600 and the id it carried, so the
+client can match the answer. Notifications and responses get no answer (JSON-RPC
+forbids it), only a log line. The session continues in every case.
+
+A line longer than the message cap is skipped as it streams (never buffered)
+and answered like an invalid request, with its id if the id appears at the top
+level within the line's first bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import mcp.types as types
+from mcp.shared.message import SessionMessage
+
+from aggregator.log import get_logger
+from aggregator.wire import MAX_MESSAGE_BYTES
+
+log = get_logger(__name__)
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+SHUTTING_DOWN = -32000
+HEAD_BYTES = 4096  # of an oversized line, kept to find its id
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A line the server never sees; `reply` (encoded, newline-terminated) answers it when one is due."""
+
+    reply: bytes | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Oversized:
+    """A line over the cap, skipped; `head` is its beginning."""
+
+    head: bytes
+    size: int
+
+
+def error_line(request_id: Any, code: int, message: str) -> bytes:
+    """One JSON-RPC error response as a wire line."""
+    body = {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+def parse_client_line(line: bytes) -> SessionMessage | Refusal:
+    """`line` as a message for the server, or the refusal that answers it."""
+    try:
+        message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValueError as exc:
+        return _refuse(line, _first_error(exc))
+    if isinstance(message, types.JSONRPCNotification) and b'"id"' in line:
+        # An id of the wrong type (null, 1.5, an object) lets a request pass for a notification,
+        # which is never answered: the client would wait forever.
+        refusal = _refuse(line, "id: must be a string or an integer")
+        if refusal.reply is not None:
+            return refusal
+    return SessionMessage(message)
+
+
+def _refuse(line: bytes, detail: str) -> Refusal:
+    """The refusal of a line the message models rejected: -32700, -32600 or no reply at all."""
+    try:
+        value = json.loads(line)
+    except RecursionError:
+        return Refusal(error_line(None, PARSE_ERROR, "Parse error: JSON nested too deeply"), "too deep")
+    except ValueError:
+        return Refusal(error_line(None, PARSE_ERROR, "Parse error: the line is not valid JSON"), "not JSON")
+    if isinstance(value, list):
+        return _refuse_batch(value)
+    if not _expects_reply(value):
+        return Refusal(None, f"malformed notification or response: {detail}")
+    return Refusal(error_line(reply_id(value), INVALID_REQUEST, f"Invalid Request: {detail}"), detail)
+
+
+def refuse_oversized(item: Oversized, limit: int = MAX_MESSAGE_BYTES) -> Refusal:
+    message = f"Invalid Request: a message of {item.size} bytes exceeds the {limit}-byte limit"
+    return Refusal(error_line(top_level_id(item.head), INVALID_REQUEST, message), "too large")
+
+
+def _refuse_batch(items: list[Any]) -> Refusal:
+    message = "Invalid Request: JSON-RPC batches are not supported by MCP; send one message per line"
+    if not items:
+        return Refusal(error_line(None, INVALID_REQUEST, "Invalid Request: empty batch"), "empty batch")
+    replies = [error_line(reply_id(item), INVALID_REQUEST, message) for item in items if _expects_reply(item)]
+    if not replies:
+        return Refusal(None, "batch of notifications")
+    array = b"[" + b",".join(reply.rstrip(b"\n") for reply in replies) + b"]\n"
+    return Refusal(array, "batch")
+
+
+def _expects_reply(value: Any) -> bool:
+    """False for what JSON-RPC never answers: a notification (no `id`) and a response."""
+    if not isinstance(value, dict):
+        return True
+    if "id" not in value and isinstance(value.get("method"), str):
+        return False
+    return not ("method" not in value and ("result" in value or "error" in value))
+
+
+def reply_id(value: Any) -> Any:
+    """The id to answer with: the request's own if it is a JSON string or number, else null."""
+    request_id = value.get("id") if isinstance(value, dict) else None
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int | float):
+        return None
+    if isinstance(request_id, float) and not math.isfinite(request_id):
+        return None
+    return request_id
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors(include_url=False, include_input=False)[0]
+            where = ".".join(str(part) for part in first["loc"][1:]) or "message"
+            return f"{where}: {first['msg']}"[:200]
+        except Exception:  # pragma: no cover - pydantic's shape changed
+            pass
+    return str(exc).splitlines()[0][:200]
+
+
+_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]]')
+
+
+def top_level_id(head: bytes) -> Any:
+    """The value of the top-level `"id"` key if it appears, complete, in `head`; else None."""
+    depth = 0
+    for match in _TOKEN.finditer(head):
+        token = match.group()
+        if token in (b"{", b"["):
+            depth += 1
+        elif token in (b"}", b"]"):
+            depth -= 1
+        elif depth == 1 and token == b'"id"':
+            rest = head[match.end() :].lstrip()
+            if rest.startswith(b":"):
+                try:
+                    value, _ = json.JSONDecoder().raw_decode(rest[1:].lstrip().decode("utf-8", "replace"))
+                except ValueError:
+                    return None
+                return reply_id({"id": value})
+    return None
+
+
+class SkippingLineSplitter:
+    """Splits a byte stream into lines; a line over `limit` bytes is skipped, not fatal.
+
+    `feed` returns the complete lines, with an `Oversized` in place of each line
+    that outgrew the limit; its bytes are dropped as they arrive, so a huge line
+    costs no memory beyond its first `HEAD_BYTES`.
+    """
+
+    def __init__(self, limit: int = MAX_MESSAGE_BYTES) -> None:
+        self._limit = limit
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._skipping: Oversized | None = None
+
+    def feed(self, chunk: bytes) -> list[bytes | Oversized]:
+        out: list[bytes | Oversized] = []
+        start = 0
+        while start <= len(chunk):
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            self._take(piece)
+            if end < 0:
+                break
+            out.append(self._finish())
+            start = end + 1
+        return out
+
+    def _take(self, piece: bytes) -> None:
+        if not piece:
+            return
+        if self._skipping is not None:
+            self._skipping = Oversized(self._skipping.head, self._skipping.size + len(piece))
+            return
+        self._parts.append(piece)
+        self._size += len(piece)
+        if self._size > self._limit:
+            head = b""
+            for part in self._parts:
+                head += part[: HEAD_BYTES - len(head)]
+                if len(head) >= HEAD_BYTES:
+                    break
+            self._skipping = Oversized(head, self._size)
+            self._parts, self._size = [], 0
+
+    def _finish(self) -> bytes | Oversized:
+        if self._skipping is not None:
+            done, self._skipping = self._skipping, None
+            return done
+        line = b"".join(self._parts)
+        self._parts, self._size = [], 0
+        return line
