@@ -96,14 +96,14 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def spawn_raw_aggregator(config: Path) -> subprocess.Popen[bytes]:
-    """`aggregator serve` spoken to in raw JSON-RPC (for signal and process-tree tests), after the handshake."""
+def spawn_raw_aggregator(config: Path, *, stderr: Any = subprocess.DEVNULL, **env: str) -> subprocess.Popen[bytes]:
+    """`aggregator serve` spoken to in raw JSON-RPC (signal, process-tree, wire tests), after the handshake."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "aggregator", "serve", "--config", str(config)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=aggregator_env(),
+        stderr=stderr,
+        env=aggregator_env(**env),
     )
     init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
     assert "result" in rpc(proc, 0, "initialize", init)

@@ -23,7 +23,10 @@ def serve_http_command(config: Path) -> list[str]:
 
 
 @contextmanager
-def http_aggregator(config: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+def http_aggregator_process(
+    config: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real `aggregator serve --transport http` on a free port: (its /mcp URL, the process)."""
     port = free_port()
     proc = subprocess.Popen(
         [*serve_http_command(config), "--port", str(port), *args],
@@ -33,11 +36,17 @@ def http_aggregator(config: Path, *args: str, env: dict[str, str] | None = None)
     )
     try:
         wait_for_port(port, proc)
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield f"http://127.0.0.1:{port}/mcp", proc
     finally:
         proc.terminate()
         assert proc.wait(timeout=15) is not None
         assert proc.stdout is not None and proc.stdout.read() == b""  # nothing but protocol, and HTTP has none
+
+
+@contextmanager
+def http_aggregator(config: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    with http_aggregator_process(config, *args, env=env) as (url, _proc):
+        yield url
 
 
 async def echo_many(url: str, tag: str, count: int, headers: dict[str, str] | None = None) -> list[str]:
