@@ -170,7 +170,7 @@ async def stdio_streams(
         async with anyio.create_task_group() as tg:
             reader = anyio.CancelScope()
             tg.start_soon(_read_messages, wire, to_server, write.clone(), in_flight, limits, reader)
-            tg.start_soon(_write_messages, wire, from_server, in_flight, writer_done)
+            tg.start_soon(_write_messages, wire, from_server, in_flight, writer_done, reader)
             try:
                 yield read, cast(MemoryObjectSendStream[SessionMessage], write)
             finally:
@@ -283,15 +283,17 @@ async def _write_messages(
     source: MemoryObjectReceiveStream[SessionMessage | bytes],
     in_flight: InFlight,
     done: anyio.Event,
+    reader: anyio.CancelScope,
 ) -> None:
     try:
         async with source:
             async for item in source:
                 try:
                     await _write_all(wire, item if isinstance(item, bytes) else encode(item))
-                except OSError as exc:  # the client went away
-                    log.info("stdout closed", error=str(exc))
+                except OSError as exc:  # the client went away: end the session
+                    log.info("stdout closed; ending the session", error=str(exc))
                     in_flight.close()
+                    reader.cancel()
                     return
                 if isinstance(item, SessionMessage) and isinstance(
                     item.message, types.JSONRPCResponse | types.JSONRPCError

@@ -202,6 +202,29 @@ def test_requests_still_running_after_the_drain_window_are_cancelled_and_answere
     assert all("error" in a for a in answers), answers
 
 
+def test_a_cancelled_request_frees_its_slot(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"kit": kit_upstream()})
+    proc = spawn_raw_aggregator(config, AGGREGATOR_MAX_IN_FLIGHT="2")
+    try:
+        slow = {"server": "kit", "tool": "slow", "arguments": {"seconds": 60, "steps": 0}}
+        send(proc, call_tool(300, "catalog_call_tool", **slow) + call_tool(301, "catalog_call_tool", **slow))
+        time.sleep(1)  # both slots taken: the next request would not even be read
+        for request_id in (300, 301):
+            cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}}
+            send(proc, json.dumps(cancel).encode() + b"\n")
+        assert rpc(proc, 302, "ping", {})["result"] == {}
+    finally:
+        finish(proc)
+
+
+def test_the_session_ends_when_the_client_closes_stdout(tmp_path: Path) -> None:
+    proc = spawn_raw_aggregator(write_config(tmp_path, {}))
+    assert proc.stdout
+    proc.stdout.close()
+    send(proc, request(2, "ping"))  # its answer meets a closed pipe
+    assert proc.wait(timeout=30) == 0
+
+
 # ---------------------------------------------------------------- 12: stdin or stdout not a pipe
 
 
