@@ -15,9 +15,9 @@ descriptors can never corrupt the protocol stream.
 What the client sends is checked line by line (`inbound`): a line that is not a
 valid request is answered with the JSON-RPC error it deserves, an oversized one
 is skipped, and the session goes on. At most `max_in_flight` requests are with
-the server at once; past that, stdin is not read until an answer has been
-written to stdout, so a client that stops reading its answers stops us reading
-its requests instead of growing our memory. When stdin ends, requests still
+the server at once and as many more wait in a backlog; past that, stdin is not
+read until an answer has been written to stdout, so a client that stops reading
+its answers stops us reading its requests instead of growing our memory. When stdin ends, requests still
 running get `drain_seconds` to finish; whatever is left is cancelled and
 answered with an error, and every answer is flushed before we return.
 """
@@ -40,7 +40,15 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
-from aggregator.inbound import Oversized, Refusal, SkippingLineSplitter, parse_client_line, refuse_oversized
+from aggregator.inbound import (
+    SHUTTING_DOWN,
+    Oversized,
+    Refusal,
+    SkippingLineSplitter,
+    error_line,
+    parse_client_line,
+    refuse_oversized,
+)
 from aggregator.log import get_logger
 from aggregator.wire import encode
 
@@ -95,6 +103,7 @@ class InFlight:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        self.queued = 0  # requests read but waiting for room (the backlog)
         self._methods: dict[Any, str] = {}
         self._changed = anyio.Event()
         self.closed = False  # stdout is gone: nobody waits for room any more
@@ -109,6 +118,16 @@ class InFlight:
         if self._methods.pop(request_id, None) is not None:
             self._wake()
 
+    def has_room(self) -> bool:
+        return len(self._methods) < self.limit
+
+    def enqueue(self) -> None:
+        self.queued += 1
+
+    def dequeue(self) -> None:
+        self.queued -= 1
+        self._wake()
+
     def close(self) -> None:
         self.closed = True
         self._wake()
@@ -118,11 +137,11 @@ class InFlight:
         self._changed = anyio.Event()
 
     def draining(self) -> int:
-        """Requests that a shutdown waits for (long-lived subscriptions excluded)."""
-        return sum(method not in LONG_LIVED for method in self._methods.values())
+        """Requests that a shutdown waits for: queued and running ones, long-lived subscriptions excepted."""
+        return self.queued + sum(method not in LONG_LIVED for method in self._methods.values())
 
     async def room(self) -> None:
-        while len(self._methods) >= self.limit and not self.closed:
+        while not self.has_room() and not self.closed:
             await self._changed.wait()
 
     async def drained(self) -> None:
@@ -218,55 +237,98 @@ async def _read_messages(
 ) -> None:
     """Newline-delimited JSON-RPC from stdin until EOF, then drain; refusals are answered here."""
     splitter = SkippingLineSplitter()
+    inbound = _Inbound(sink, replies, in_flight)
     with scope:
-        async with sink, replies:
-            while not in_flight.closed:
-                chunk = await _read_chunk(wire)
-                if not chunk:
-                    break
-                for item in splitter.feed(chunk):
-                    if not await _route(item, sink, replies, in_flight):
-                        return
-            if in_flight.closed:
-                return
-            with anyio.move_on_after(limits.drain_seconds):
-                await in_flight.drained()
-            if in_flight.draining():
-                log.warning(
-                    "stdin closed; cancelling requests still running",
-                    requests=in_flight.draining(),
-                    waited_seconds=limits.drain_seconds,
-                )
+        async with sink, replies, anyio.create_task_group() as tg:
+            tg.start_soon(inbound.forward)
+            try:
+                while not in_flight.closed:
+                    chunk = await _read_chunk(wire)
+                    if not chunk:
+                        break
+                    for item in splitter.feed(chunk):
+                        await inbound.route(item)
+                if not in_flight.closed:
+                    await inbound.drain(limits.drain_seconds)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass  # stdout is gone: the session is over
+            finally:
+                tg.cancel_scope.cancel()
 
 
-async def _route(
-    item: bytes | Oversized,
-    sink: MemoryObjectSendStream[SessionMessage | Exception],
-    replies: MemoryObjectSendStream[SessionMessage | bytes],
-    in_flight: InFlight,
-) -> bool:
-    """Hand one line to the server, or answer it ourselves; False once stdout is gone."""
-    if isinstance(item, Oversized):
-        parsed: SessionMessage | Refusal = refuse_oversized(item)
-    elif not item.strip():
-        return True
-    else:
-        parsed = parse_client_line(item)
-    try:
+class _Inbound:
+    """Routes what the client sends: requests to the server within the in-flight bound, the rest at once.
+
+    A request that finds the session full waits in a backlog of the same size,
+    served in order by `forward`; only when that is full too does reading stop.
+    Meanwhile notifications and responses (a client's answer to a sampling or
+    elicitation request that a running tool call waits for) still go through, so
+    a full session cannot deadlock on its own client's answers.
+    """
+
+    def __init__(
+        self,
+        sink: MemoryObjectSendStream[SessionMessage | Exception],
+        replies: MemoryObjectSendStream[SessionMessage | bytes],
+        in_flight: InFlight,
+    ) -> None:
+        self.sink, self.replies, self.in_flight = sink, replies, in_flight
+        self.backlog, self._backlog_out = anyio.create_memory_object_stream[types.JSONRPCRequest](in_flight.limit)
+        self._held: types.JSONRPCRequest | None = None  # taken from the backlog, waiting for room
+        self._forwarding = anyio.CancelScope()
+
+    async def route(self, item: bytes | Oversized) -> None:
+        if isinstance(item, Oversized):
+            parsed: SessionMessage | Refusal = refuse_oversized(item)
+        elif not item.strip():
+            return
+        else:
+            parsed = parse_client_line(item)
         if isinstance(parsed, Refusal):
             log.warning("refused a client message", reason=parsed.reason, answered=parsed.reply is not None)
             if parsed.reply is not None:
-                await replies.send(parsed.reply)
-            return True
+                await self.replies.send(parsed.reply)
+            return
         message = parsed.message
-        if isinstance(message, types.JSONRPCRequest):
-            await in_flight.room()
-            in_flight.add(message.id, message.method)
-            parsed = SessionMessage(message, metadata=_settle_metadata(in_flight, message.id))
-        await sink.send(parsed)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-        return False
-    return True
+        if not isinstance(message, types.JSONRPCRequest):
+            await self.sink.send(parsed)
+        elif self.in_flight.queued == 0 and self.in_flight.has_room():
+            await self._submit(message)
+        else:
+            self.in_flight.enqueue()
+            await self.backlog.send(message)
+
+    async def _submit(self, message: types.JSONRPCRequest) -> None:
+        self.in_flight.add(message.id, message.method)
+        await self.sink.send(SessionMessage(message, metadata=_settle_metadata(self.in_flight, message.id)))
+
+    async def forward(self) -> None:
+        """Hand backlogged requests to the server, in order, as room frees up."""
+        with self._forwarding:
+            async for message in self._backlog_out:
+                self._held = message
+                await self.in_flight.room()
+                self._held = None
+                self.in_flight.dequeue()
+                await self._submit(message)
+
+    async def drain(self, seconds: float) -> None:
+        """At EOF: let queued and running requests finish for up to `seconds`; answer what never started."""
+        self.backlog.close()
+        with anyio.move_on_after(seconds):
+            await self.in_flight.drained()
+        if not self.in_flight.draining():
+            return
+        log.warning("stdin closed; cancelling requests still running", requests=self.in_flight.draining())
+        self._forwarding.cancel()  # from here on nothing queued reaches the server: it is answered below
+        left = [self._held] if self._held is not None else []
+        with suppress(anyio.WouldBlock, anyio.EndOfStream):
+            while True:
+                left.append(self._backlog_out.receive_nowait())
+        self._held = None
+        for message in left:
+            reason = "stdin closed before this request could start"
+            await self.replies.send(error_line(message.id, SHUTTING_DOWN, reason))
 
 
 def _settle_metadata(in_flight: InFlight, request_id: Any) -> ServerMessageMetadata:

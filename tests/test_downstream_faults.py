@@ -190,8 +190,8 @@ def test_stdin_closed_with_requests_in_flight_answers_every_one(tmp_path: Path) 
 
 def test_requests_still_running_after_the_drain_window_are_cancelled_and_answered(tmp_path: Path) -> None:
     config = write_config(tmp_path, {"kit": kit_upstream()})
-    proc = spawn_raw_aggregator(config, AGGREGATOR_DRAIN_SECONDS="0.5")
-    slow = {"server": "kit", "tool": "slow", "arguments": {"seconds": 60, "steps": 0}}
+    proc = spawn_raw_aggregator(config, AGGREGATOR_DRAIN_SECONDS="0.5", AGGREGATOR_MAX_IN_FLIGHT="2")
+    slow = {"server": "kit", "tool": "slow", "arguments": {"seconds": 60, "steps": 0}}  # 2 run, 3 wait
     send(proc, b"".join(call_tool(200 + i, "catalog_call_tool", **slow) for i in range(5)))
     time.sleep(1)  # the calls are running
     assert proc.stdin and proc.stdout
@@ -202,17 +202,18 @@ def test_requests_still_running_after_the_drain_window_are_cancelled_and_answere
     assert all("error" in a for a in answers), answers
 
 
-def test_a_cancelled_request_frees_its_slot(tmp_path: Path) -> None:
+def test_a_full_session_still_hears_cancellations_and_frees_the_slots(tmp_path: Path) -> None:
     config = write_config(tmp_path, {"kit": kit_upstream()})
     proc = spawn_raw_aggregator(config, AGGREGATOR_MAX_IN_FLIGHT="2")
     try:
         slow = {"server": "kit", "tool": "slow", "arguments": {"seconds": 60, "steps": 0}}
         send(proc, call_tool(300, "catalog_call_tool", **slow) + call_tool(301, "catalog_call_tool", **slow))
-        time.sleep(1)  # both slots taken: the next request would not even be read
-        for request_id in (300, 301):
+        send(proc, request(302, "ping"))  # the session is full: this one waits in the backlog ...
+        time.sleep(1)
+        for request_id in (300, 301):  # ... while what the client sends next still gets through
             cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}}
             send(proc, json.dumps(cancel).encode() + b"\n")
-        assert rpc(proc, 302, "ping", {})["result"] == {}
+        assert next_message(proc) == {"jsonrpc": "2.0", "id": 302, "result": {}}  # cancelled ones: no answer
     finally:
         finish(proc)
 
