@@ -214,7 +214,7 @@ async def _read_chunk(wire: _Wire) -> bytes:
     """The next bytes of stdin; b"" at EOF or on a read error."""
     if not wire.poll_in:
         try:
-            return await anyio.to_thread.run_sync(os.read, wire.fd_in, READ_CHUNK)
+            return await anyio.to_thread.run_sync(os.read, wire.fd_in, READ_CHUNK, abandon_on_cancel=True)
         except OSError:
             return b""
     while True:
