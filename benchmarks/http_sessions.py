@@ -66,14 +66,18 @@ def main() -> None:
                     json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT},
                     headers=HEADERS,
                 ).status_code
-        finally:
+            grown = after - before
+            print(f"sessions opened: {args.sessions} ({'closed' if args.close else 'left open'}), refused: {refused}")
+            print(f"RSS before {before / 1024:.1f} MiB, after {after / 1024:.1f} MiB, grew {grown / 1024:.1f} MiB")
+            print(f"per session: {grown / max(args.sessions, 1):.1f} KiB; time {elapsed:.1f} s")
+            print(f"a new client's initialize after the flood: HTTP {fresh}")
+            stopping = time.monotonic()
             proc.terminate()
-            proc.wait(timeout=15)
-    grown = after - before
-    print(f"sessions opened: {args.sessions} ({'closed' if args.close else 'left open'}), refused: {refused}")
-    print(f"RSS before {before / 1024:.1f} MiB, after {after / 1024:.1f} MiB, grew {grown / 1024:.1f} MiB")
-    print(f"per session: {grown / max(args.sessions, 1):.1f} KiB; time {elapsed:.1f} s")
-    print(f"a new client's initialize after the flood: HTTP {fresh}")
+            proc.wait(timeout=120)
+            print(f"SIGTERM to exit: {time.monotonic() - stopping:.1f} s")
+        finally:
+            proc.kill()
+            proc.wait()
 
 
 if __name__ == "__main__":
