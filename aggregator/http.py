@@ -136,11 +136,12 @@ class SessionLimits:
     """Pure ASGI middleware in front of the SDK's session manager: bounded sessions, eviction not lockout.
 
     The SDK refuses every new session with 503 once `max_sessions` are open, until
-    some expire: a flood of sessions locks every other client out. Here a new
-    session that would pass a bound first evicts the session, of the same client
-    when the per-client bound is the one hit, that has no request in progress and
-    was used least recently (the idle leftovers of a flood go first). The
-    SDK's own bound stays as a backstop above ours.
+    some expire: a flood of sessions locks every other client out. Here, once a
+    new session is established (so refused or invalid requests never evict), a
+    bound it passes is restored by evicting another session: of the same client
+    when the per-client bound is the one passed, preferring those with no request
+    in progress, then the least recently used (the idle leftovers of a flood go
+    first). The SDK's own bound stays as a backstop above ours.
     """
 
     def __init__(self, app: ASGIApp, manager: StreamableHTTPSessionManager, limits: HttpLimits) -> None:

@@ -77,8 +77,8 @@ def plug_standard_fds() -> None:
         try:
             os.fstat(fd)
         except OSError:
-            opened = os.open(os.devnull, flags)
-            if opened != fd:  # a lower fd was free too: it gets its own null device on the next turn
+            opened = os.open(os.devnull, flags)  # the lowest free descriptor: `fd`, lower ones are plugged
+            if opened != fd:
                 os.dup2(opened, fd)
                 os.close(opened)
 
