@@ -188,7 +188,10 @@ class SkippingLineSplitter:
         if not piece:
             return
         if self._skipping is not None:
-            self._skipping = Oversized(self._skipping.head, self._skipping.size + len(piece))
+            head = self._skipping.head
+            if len(head) < HEAD_BYTES:
+                head += piece[: HEAD_BYTES - len(head)]
+            self._skipping = Oversized(head, self._skipping.size + len(piece))
             return
         self._parts.append(piece)
         self._size += len(piece)
