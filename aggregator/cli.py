@@ -1,4 +1,5 @@
-"""Command line: `aggregator serve`, `aggregator list-upstreams`, `aggregator search`.
+"""Command line: `aggregator serve`, `aggregator list-upstreams`, `aggregator search`, and the
+commands of `aggregator.commands` (tools, describe, call, doctor, import, install, uninstall).
 
 Every command loads the config the same way (DESIGN §1); a broken config
 prints one line naming the file, the key and the fix, and exits with code 2.
@@ -20,6 +21,7 @@ from typing import Any
 import anyio
 
 from aggregator import __version__
+from aggregator.commands import register_commands
 from aggregator.config import AggregatorConfig, ConfigError, load_config
 from aggregator.log import configure_logging, get_logger
 from aggregator.settings import Settings, load_settings, resolve_data_dir
@@ -74,17 +76,27 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--load", action="store_true", help="start upstreams whose catalogs are not loaded")
     search.add_argument("--limit", type=int, default=8)
     search.add_argument("--json", action="store_true", help="print the tool's JSON result")
+    register_commands(sub, common)  # tools, describe, call, doctor, import, install, uninstall
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not (hasattr(args, "pairs") and all("=" in word and not word.startswith("-") for word in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:  # `call S T --args '{...}' k=v`: argparse does not take positionals after an option
+        args.pairs += extra
     try:
         settings = load_settings()
         configure_logging(
             getattr(args, "log_level", None) or settings.log_level,
             getattr(args, "log_file", None) or settings.log_file,
         )
+        # doctor, import, install, uninstall read (and report on) the config themselves
+        standalone: Callable[[argparse.Namespace, Settings], Awaitable[int]] | None = getattr(args, "standalone", None)
+        if standalone is not None:
+            return _run(standalone, args, settings)
         config = load_config(getattr(args, "config", None))  # reads AGGREGATOR_CONFIG itself
     except ConfigError as exc:
         print(f"aggregator: config error: {exc}", file=sys.stderr)
@@ -99,10 +111,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "list-upstreams": _list_upstreams,
         "search": _search,
     }
+    return _run(getattr(args, "handler", None) or commands[args.command], args, config, settings)
+
+
+def _run(command: Callable[..., Awaitable[int]], *args: Any) -> int:
     try:
-        return anyio.run(commands[args.command], args, config, settings, backend_options=_backend_options())
+        return anyio.run(command, *args, backend_options=_backend_options())
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _stdout_closed()
+    except BaseExceptionGroup as group:
+        if group.split(BrokenPipeError)[1] is not None:
+            raise
+        return _stdout_closed()
+
+
+def _stdout_closed() -> int:
+    """The reader went away (`aggregator tools x | head`): exit quietly, as a killed-by-SIGPIPE tool would."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
+    return 141  # 128 + SIGPIPE
 
 
 def _backend_options() -> dict[str, Any]:
