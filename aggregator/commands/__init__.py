@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from aggregator.commands import calls
+from aggregator.commands import calls, clients
 
 __all__ = ["register_commands"]
 
 
 def register_commands(sub: Any, common: argparse.ArgumentParser) -> None:
-    for module in (calls,):
+    for module in (calls, clients):
         module.register(sub, common)
