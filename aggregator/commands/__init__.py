@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from aggregator.commands import calls, clients
+from aggregator.commands import calls, clients, doctor
 
 __all__ = ["register_commands"]
 
 
 def register_commands(sub: Any, common: argparse.ArgumentParser) -> None:
-    for module in (calls, clients):
+    for module in (calls, clients, doctor):
         module.register(sub, common)
