@@ -1,4 +1,4 @@
-"""`aggregator import`: bring the servers of installed MCP clients into aggregator.yaml.
+"""`aggregator import`, `install`, `uninstall`: move a client's servers behind the aggregator.
 
 Without ``--write`` it only shows the plan (what would be added, merged, renamed or skipped, and
 why); with it the servers are merged into the config file, comments and order kept, after a
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -24,10 +25,21 @@ from aggregator.config.clients import (
     Places,
     client_files,
     file_client,
+    parse_document,
     read_client_file,
 )
 from aggregator.config.files import read_text
 from aggregator.config.importing import ImportPlan, everything_set, plan_import
+from aggregator.config.installing import (
+    aggregator_entry,
+    backup_path,
+    content_hash,
+    find_backup,
+    restore_text,
+    rewrite,
+    servers_in,
+)
+from aggregator.config.models import RESERVED_NAME
 from aggregator.config.roundtrip import backup, merge_servers_yaml, write_atomic
 from aggregator.config.yamlfile import parse_yaml
 from aggregator.settings import Settings
@@ -50,6 +62,19 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     imp.add_argument("--write", action="store_true", help="merge them into the config file (a backup is kept)")
     imp.add_argument("--json", action="store_true", help="print the plan as JSON")
     imp.set_defaults(standalone=_import)
+
+    install = sub.add_parser(
+        "install",
+        parents=[common],
+        help="put a client's servers behind one aggregator entry (imports them first; backs the file up)",
+    )
+    install.add_argument("client", choices=CLIENTS)
+    install.add_argument("--dry-run", action="store_true", help="show what would change; write nothing")
+    install.set_defaults(standalone=_install)
+
+    uninstall = sub.add_parser("uninstall", parents=[common], help="restore a client's config from install's backup")
+    uninstall.add_argument("client", choices=CLIENTS)
+    uninstall.set_defaults(standalone=_uninstall)
 
 
 # ---------------------------------------------------------------- the config being written
@@ -160,7 +185,14 @@ def write_plan(plan: ImportPlan, target: Path, text: str) -> tuple[Path, Path | 
     return target, saved
 
 
-def render_plan(plan: ImportPlan, files: list[ClientFile], problems: list[str], wrote: bool, saved: Path | None) -> str:
+def render_plan(
+    plan: ImportPlan,
+    files: list[ClientFile],
+    problems: list[str],
+    wrote: bool,
+    saved: Path | None,
+    hint: str = "run with --write to add them to",
+) -> str:
     lines = [f"read {f.label}: {f.path}" for f in files] or ["no client config found"]
     rows = [[item.action, item.name, item.client, item.note] for item in plan.items]
     if rows:
@@ -177,5 +209,97 @@ def render_plan(plan: ImportPlan, files: list[ClientFile], problems: list[str], 
         kept = f" (backup: {saved})" if saved else " (a new file)"
         lines.append(f"{summary}; written into {plan.target}{kept}")
     else:
-        lines.append(f"{summary}; run with --write to add them to {plan.target}")
+        lines.append(f"{summary}; {hint} {plan.target}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- install / uninstall
+
+
+def user_file(client: str, places: Places) -> ClientFile:
+    """The client's user-level config file (the one install edits)."""
+    return next(f for f in client_files(places, (client,)) if f.scope == "user")
+
+
+async def _install(args: argparse.Namespace, settings: Settings) -> int:
+    places = Places.here()
+    file = user_file(args.client, places)
+    try:
+        target = target_config(getattr(args, "config", None), places)
+        section, existing, config_text = existing_servers(target)
+        original = read_text(file.path) if file.path.exists() else None
+        source = read_client_file(file) if original is not None else ClientServers(file, {})
+    except ConfigError as exc:
+        print(f"aggregator: not changing anything: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    plan = plan_import(existing, [source], target=str(target), section=section)
+    keep = {
+        item.original: source.servers[item.original]
+        for item in plan.items
+        if item.action == "skip" and item.note != "already the aggregator"
+    }
+    entry = aggregator_entry(file, target)
+    if original is not None and servers_in(parse_document(original, file), file) == {RESERVED_NAME: entry, **keep}:
+        print(f"{file.client}: already installed in {file.path}; nothing to change")
+        return 0
+    new_text = rewrite(original or "", file, keep, entry)
+    if args.dry_run:
+        print(render_plan(plan, [file], [], False, None, hint="install would add them to"))
+        print(f"\nwould write {file.path}:\n{new_text}")
+        return 0
+    if plan.additions():
+        write_plan(plan, target, config_text)
+    elif not target.exists():
+        write_atomic(target, "upstreams: {}\n")
+    saved = _keep_original(file.path, content_hash(new_text))
+    write_atomic(file.path, new_text)
+    moved = len(plan.items) - len(keep)
+    print(
+        f"{file.client}: {file.path} now starts the aggregator with {target}; {moved} servers moved behind it"
+        + (f", {len(keep)} kept in the client ({', '.join(keep)}: see import)" if keep else "")
+        + f". Original kept as {saved}; undo with: aggregator uninstall {file.client}"
+    )
+    return 0
+
+
+def _keep_original(path: Path, installed_hash: str) -> Path:
+    """The first install's backup holds the original; a later install only renames it (new hash)."""
+    previous = find_backup(path)
+    if previous is not None:
+        renamed = backup_path(path, installed_hash, previous.absent)
+        previous.path.rename(renamed)
+        return renamed
+    saved = backup_path(path, installed_hash, not path.exists())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        shutil.copy2(path, saved)
+    else:
+        saved.write_bytes(b"")
+    return saved
+
+
+async def _uninstall(args: argparse.Namespace, settings: Settings) -> int:
+    file = user_file(args.client, Places.here())
+    saved = find_backup(file.path)
+    if saved is None:
+        print(f"aggregator: {args.client}: no backup beside {file.path}: install did not write it", file=sys.stderr)
+        return 1
+    current = file.path.read_bytes() if file.path.exists() else None
+    unchanged = current is None or content_hash(current.decode("utf-8", "replace")) == saved.installed_hash
+    if unchanged:
+        if saved.absent:
+            file.path.unlink(missing_ok=True)
+            saved.path.unlink()
+        else:
+            os.replace(saved.path, file.path)
+        print(f"{file.client}: {file.path} restored as it was before install")
+        return 0
+    try:
+        merged = restore_text(read_text(file.path), saved.path.read_text(encoding="utf-8-sig"), file)
+    except ConfigError as exc:
+        print(f"aggregator: not changing anything: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    write_atomic(file.path, merged)
+    saved.path.unlink()
+    print(f"{file.client}: {file.path} changed since install: its servers are back, later changes kept")
+    return 0
