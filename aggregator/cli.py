@@ -163,7 +163,8 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
     log.info("starting", config=config.source, upstreams=len(config.upstreams), transport=args.transport)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_stop_on_signal, tg.cancel_scope)
-        async with UpstreamPool.running(config) as pool:
+        watch = Path(config.source) if Path(config.source).is_file() else None  # not the built-in default
+        async with UpstreamPool.running(config, watch=watch) as pool:
             server = AggregatorServer(pool, data_dir=data_dir, max_result_bytes=config.max_result_bytes)
             async with server.running():
                 if sock is None:
