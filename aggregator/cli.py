@@ -15,6 +15,7 @@ import sys
 import time
 import typing
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from aggregator import __version__
 from aggregator.commands import register_commands
 from aggregator.config import AggregatorConfig, ConfigError, load_config
 from aggregator.log import configure_logging, get_logger
+from aggregator.progress import progress_line
 from aggregator.settings import Settings, load_settings, resolve_data_dir
 from aggregator.table import render_table
 
@@ -201,7 +203,8 @@ async def _list_upstreams(args: argparse.Namespace, config: AggregatorConfig, se
     async with UpstreamPool.running(config) as pool:
         started = time.monotonic()
         if args.probe:
-            await pool.start_all()
+            with progress_line("probing upstreams", len(pool.upstream_names())) as advance:
+                await pool.start_all(on_done=advance)
         rows = [_status_row(status) for status in pool.statuses()]
         elapsed = time.monotonic() - started
     if args.json:
@@ -256,12 +259,13 @@ async def _search(args: argparse.Namespace, config: AggregatorConfig, settings: 
         for name in pool.upstream_names():
             index.set_server_metadata(name, *pool.metadata(name))
         index.attach(pool.store)
-        result = await search_tools(
-            pool,
-            index,
-            {"query": args.query, "limit": args.limit, "load": args.load},
-            config.max_result_bytes,
-        )
+        with progress_line("loading upstreams", None) if args.load else nullcontext():
+            result = await search_tools(
+                pool,
+                index,
+                {"query": args.query, "limit": args.limit, "load": args.load},
+                config.max_result_bytes,
+            )
     payload = result.structured_content or {}
     if args.json:
         print(json.dumps(payload, indent=2, ensure_ascii=False))

@@ -42,6 +42,7 @@ from aggregator.config.installing import (
 from aggregator.config.models import RESERVED_NAME
 from aggregator.config.roundtrip import backup, merge_servers_yaml, write_atomic
 from aggregator.config.yamlfile import parse_yaml
+from aggregator.progress import progress_line
 from aggregator.settings import Settings
 from aggregator.table import render_table
 
@@ -127,11 +128,13 @@ def resolve_sources(words: list[str], places: Places) -> tuple[list[ClientFile],
 def read_sources(files: list[ClientFile]) -> tuple[list[ClientServers], list[str]]:
     read: list[ClientServers] = []
     problems: list[str] = []
-    for file in files:
-        try:
-            read.append(read_client_file(file))
-        except ConfigError as exc:
-            problems.append(f"{file.path}: not read ({exc.problem}); fix it in {file.client} first")
+    with progress_line("reading client configs", len(files)) as advance:
+        for file in files:
+            try:
+                read.append(read_client_file(file))
+            except ConfigError as exc:
+                problems.append(f"{file.path}: not read ({exc.problem}); fix it in {file.client} first")
+            advance(file.label)
     return read, problems
 
 

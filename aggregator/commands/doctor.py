@@ -29,6 +29,7 @@ from aggregator.config.importing import everything_set, is_aggregator_entry
 from aggregator.config.jsonc import parse_json
 from aggregator.config.load import load_config
 from aggregator.config.yamlfile import parse_yaml
+from aggregator.progress import progress_line
 from aggregator.settings import Settings, resolve_data_dir
 
 __all__ = ["register"]
@@ -155,7 +156,8 @@ async def check_upstreams(config: AggregatorConfig, findings: list[Finding], *, 
         findings += [Finding("ok", f"upstream {name}", "found (not probed)") for name in reachable if not probe]
         return
     async with UpstreamPool.running(config.model_copy(update={"upstreams": reachable})) as pool:
-        await pool.start_all()
+        with progress_line("probing upstreams", len(reachable)) as advance:
+            await pool.start_all(on_done=advance)
         for status in pool.statuses():
             subject = f"upstream {status.name}"
             if status.state == "ready":

@@ -120,8 +120,13 @@ class UpstreamPool:
             if not self._busy[conn]:
                 del self._busy[conn]
 
-    async def start_all(self, names: list[str] | None = None) -> dict[str, Fault | None]:
-        """Start upstreams concurrently; each name maps to None (ready) or the Fault it raised."""
+    async def start_all(
+        self, names: list[str] | None = None, on_done: Callable[[str], None] | None = None
+    ) -> dict[str, Fault | None]:
+        """Start upstreams concurrently; each name maps to None (ready) or the Fault it raised.
+
+        `on_done(name)` is called as each one settles (a CLI progress line).
+        """
         outcome: dict[str, Fault | None] = {}
 
         async def start(name: str) -> None:
@@ -130,6 +135,8 @@ class UpstreamPool:
                 outcome[name] = None
             except Fault as fault:
                 outcome[name] = fault
+            if on_done is not None:
+                on_done(name)
 
         async with anyio.create_task_group() as tg:
             for name in names if names is not None else self.upstream_names():
