@@ -264,6 +264,9 @@ def test_import_creates_the_user_config_when_there_is_none(tmp_path: Path) -> No
     created = places.home / ".config" / "aggregator" / "aggregator.yaml"
     assert "(a new file)" in done.stdout and str(created) in done.stdout
     assert load_config(created, environ={}).upstreams["wind"].url == "https://wind/mcp"
+    named = run_import(places, "windsurf", "--write", "--config", "new/agg.yaml")
+    assert named.returncode == 0, named.stderr
+    assert load_config(places.cwd / "new/agg.yaml", environ={}).upstreams["wind"].url == "https://wind/mcp"
 
 
 def test_import_never_writes_into_a_broken_config_and_reports_broken_clients(tmp_path: Path) -> None:

@@ -82,7 +82,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def target_config(explicit: Path | None, places: Places) -> Path:
-    """The config file the aggregator would load, or the user config file when there is none."""
+    """The config file the aggregator would load, or the user config file when there is none.
+
+    A ``--config`` path that does not exist yet is the file to create.
+    """
+    if explicit is not None and not explicit.expanduser().exists():
+        path = explicit.expanduser()
+        return path if path.is_absolute() else places.cwd / path
     found = find_config_path(explicit, places.environ or os.environ, places.cwd)
     return found if found is not None else user_config_file()
 
