@@ -59,6 +59,7 @@ class UpstreamPool:
         self._busy: dict[UpstreamConnection, int] = {}  # calls in flight, so a replaced upstream can finish them
         self._retiring: set[UpstreamConnection] = set()
         self._reconfigure_listeners: list[Callable[[ConfigDiff], None]] = []
+        self._closing = False
 
     @classmethod
     @asynccontextmanager
@@ -179,6 +180,7 @@ class UpstreamPool:
 
     async def _shutdown(self, tg: anyio.abc.TaskGroup) -> None:
         """Ask every owner task to stop; cancel what has not stopped after a grace period."""
+        self._closing = True  # a config reload from here on would start what we are stopping
         everyone = [*self._connections.values(), *self._retiring]
         for conn in everyone:
             conn.request_stop()
@@ -200,6 +202,8 @@ class UpstreamPool:
         flight are done; changed ones are replaced by a fresh connection that starts on the next
         need (the old one finishes its calls, then stops); unchanged ones are not touched.
         """
+        if self._closing:
+            return ConfigDiff([], [], [])
         old = self.config.upstreams
         diff = ConfigDiff(
             added=sorted(set(config.upstreams) - set(old)),
