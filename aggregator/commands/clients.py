@@ -39,9 +39,9 @@ from aggregator.config.installing import (
     rewrite,
     servers_in,
 )
+from aggregator.config.load import written_servers
 from aggregator.config.models import RESERVED_NAME
 from aggregator.config.roundtrip import backup, merge_servers_yaml, write_atomic
-from aggregator.config.yamlfile import parse_yaml
 from aggregator.progress import progress_line
 from aggregator.settings import Settings
 from aggregator.table import render_table
@@ -49,7 +49,6 @@ from aggregator.table import render_table
 __all__ = ["register"]
 
 EXIT_USAGE = 2
-_SECTIONS = ("upstreams", "mcpServers", "servers")
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -102,10 +101,8 @@ def existing_servers(path: Path) -> tuple[str, dict[str, Any], str]:
         return "upstreams", {}, ""
     text = read_text(path)
     parse_config(text, str(path), environ=everything_set())
-    data = parse_yaml(text, str(path))[0] if path.suffix.lower() != ".json" else json.loads(text or "{}")
-    data = data if isinstance(data, dict) else {}
-    section = next((key for key in _SECTIONS if key in data), "upstreams")
-    return section, dict(data.get(section) or {}), text
+    section, servers = written_servers(text, str(path))
+    return section, servers, text
 
 
 # ---------------------------------------------------------------- sources

@@ -26,9 +26,7 @@ from aggregator.config.clients import Places, client_files, read_client_file
 from aggregator.config.expand import required_variables
 from aggregator.config.files import config_lookup, read_text
 from aggregator.config.importing import everything_set, is_aggregator_entry
-from aggregator.config.jsonc import parse_json
-from aggregator.config.load import load_config
-from aggregator.config.yamlfile import parse_yaml
+from aggregator.config.load import load_config, written_servers
 from aggregator.progress import progress_line
 from aggregator.settings import Settings, resolve_data_dir
 
@@ -36,7 +34,6 @@ __all__ = ["register"]
 
 Level = Literal["ok", "note", "problem"]
 _MARK = {"ok": "ok     ", "note": "note   ", "problem": "PROBLEM"}
-_SECTIONS = ("upstreams", "mcpServers", "servers")
 
 
 @dataclass(frozen=True)
@@ -116,11 +113,8 @@ def check_config(
 
 def _unset_variables(text: str, path: Path, environ: Mapping[str, str]) -> dict[str, list[str]]:
     """Upstream name → the variables its entry needs that the environment does not set."""
-    data = parse_json(text, str(path)) if path.suffix.lower() == ".json" else parse_yaml(text, str(path))[0]
-    section = next((s for s in _SECTIONS if isinstance(data, dict) and s in data), None)
-    servers = data.get(section) if section else None
     missing: dict[str, list[str]] = {}
-    for name, entry in (servers or {}).items():
+    for name, entry in written_servers(text, str(path))[1].items():
         needed = sorted({v for text in _strings(entry) for v in required_variables(text) if v not in environ})
         needed = [v for v in needed if v != "AGGREGATOR_PYTHON"]
         if needed:
