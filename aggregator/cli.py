@@ -1,4 +1,5 @@
-"""Command line: `aggregator serve`, `aggregator list-upstreams`, `aggregator search`.
+"""Command line: `aggregator serve`, `aggregator list-upstreams`, `aggregator search`, and the
+commands of `aggregator.commands` (tools, describe, call, doctor, import, install, uninstall).
 
 Every command loads the config the same way (DESIGN §1); a broken config
 prints one line naming the file, the key and the fix, and exits with code 2.
@@ -14,14 +15,17 @@ import sys
 import time
 import typing
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from aggregator import __version__
+from aggregator.commands import register_commands
 from aggregator.config import AggregatorConfig, ConfigError, load_config
 from aggregator.log import configure_logging, get_logger
+from aggregator.progress import progress_line
 from aggregator.settings import Settings, load_settings, resolve_data_dir
 from aggregator.table import render_table
 
@@ -74,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--load", action="store_true", help="start upstreams whose catalogs are not loaded")
     search.add_argument("--limit", type=int, default=8)
     search.add_argument("--json", action="store_true", help="print the tool's JSON result")
+    register_commands(sub, common)  # tools, describe, call, doctor, import, install, uninstall
     return parser
 
 
@@ -81,13 +86,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     from aggregator.stdio import plug_standard_fds
 
     plug_standard_fds()  # before anything opens a file: `serve <&-` must not read from a stray descriptor
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not (hasattr(args, "pairs") and all("=" in word and not word.startswith("-") for word in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:  # `call S T --args '{...}' k=v`: argparse does not take positionals after an option
+        args.pairs += extra
     try:
         settings = load_settings()
         configure_logging(
             getattr(args, "log_level", None) or settings.log_level,
             getattr(args, "log_file", None) or settings.log_file,
         )
+        # doctor, import, install, uninstall read (and report on) the config themselves
+        standalone: Callable[[argparse.Namespace, Settings], Awaitable[int]] | None = getattr(args, "standalone", None)
+        if standalone is not None:
+            return _run(standalone, args, settings)
         config = load_config(getattr(args, "config", None))  # reads AGGREGATOR_CONFIG itself
     except ConfigError as exc:
         print(f"aggregator: config error: {exc}", file=sys.stderr)
@@ -102,10 +116,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "list-upstreams": _list_upstreams,
         "search": _search,
     }
+    return _run(getattr(args, "handler", None) or commands[args.command], args, config, settings)
+
+
+def _run(command: Callable[..., Awaitable[int]], *args: Any) -> int:
     try:
-        return anyio.run(commands[args.command], args, config, settings, backend_options=_backend_options())
+        return anyio.run(command, *args, backend_options=_backend_options())
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _stdout_closed()
+    except BaseExceptionGroup as group:
+        if group.split(BrokenPipeError)[1] is not None:
+            raise
+        return _stdout_closed()
+
+
+def _stdout_closed() -> int:
+    """The reader went away (`aggregator tools x | head`): exit quietly, as a killed-by-SIGPIPE tool would."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
+    return 141  # 128 + SIGPIPE
 
 
 def _backend_options() -> dict[str, Any]:
@@ -138,7 +168,8 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
     log.info("starting", config=config.source, upstreams=len(config.upstreams), transport=args.transport)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_stop_on_signal, tg.cancel_scope)
-        async with UpstreamPool.running(config) as pool:
+        watch = Path(config.source) if Path(config.source).is_file() else None  # not the built-in default
+        async with UpstreamPool.running(config, watch=watch) as pool:
             server = AggregatorServer(
                 pool, data_dir=data_dir, max_result_bytes=config.max_result_bytes, search_max_k=settings.search_max_k
             )
@@ -192,7 +223,8 @@ async def _list_upstreams(args: argparse.Namespace, config: AggregatorConfig, se
     async with UpstreamPool.running(config) as pool:
         started = time.monotonic()
         if args.probe:
-            await pool.start_all()
+            with progress_line("probing upstreams", len(pool.upstream_names())) as advance:
+                await pool.start_all(on_done=advance)
         rows = [_status_row(status) for status in pool.statuses()]
         elapsed = time.monotonic() - started
     if args.json:
@@ -247,12 +279,13 @@ async def _search(args: argparse.Namespace, config: AggregatorConfig, settings: 
         for name in pool.upstream_names():
             index.set_server_metadata(name, *pool.metadata(name))
         index.attach(pool.store)
-        result = await search_tools(
-            pool,
-            index,
-            {"query": args.query, "limit": args.limit, "load": args.load},
-            config.max_result_bytes,
-        )
+        with progress_line("loading upstreams", None) if args.load else nullcontext():
+            result = await search_tools(
+                pool,
+                index,
+                {"query": args.query, "limit": args.limit, "load": args.load},
+                config.max_result_bytes,
+            )
     payload = result.structured_content or {}
     if args.json:
         print(json.dumps(payload, indent=2, ensure_ascii=False))

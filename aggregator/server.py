@@ -34,7 +34,7 @@ from aggregator.tools.base import OwnTool, ToolContext, fault_result, text_resul
 from aggregator.tools.catalog import CatalogTools
 from aggregator.tools.introspection import introspection_tools
 from aggregator.tools.text_search import DEFAULT_MAX_K, TextSearchTools
-from aggregator.upstream.pool import UpstreamPool
+from aggregator.upstream.pool import ConfigDiff, UpstreamPool
 
 log = get_logger(__name__)
 
@@ -83,11 +83,7 @@ class AggregatorServer:
         ]
         self._own = {tool.name: tool for tool in self.own_tools}
         self._own_wire = [types.Tool.model_validate(tool.to_wire()) for tool in self.own_tools]
-        self._direct_predicates = {
-            name: upstream.is_direct
-            for name, upstream in pool.config.upstreams.items()
-            if upstream.expose == "direct" or upstream.pin
-        }
+        self._direct_predicates = _direct_predicates(pool)
         self._direct: dict[str, DirectTool] = {}
         self._direct_catalogs: dict[str, Catalog] = {}  # the last catalog each direct upstream listed
         self._listing: types.ListToolsResult | None = None
@@ -111,6 +107,7 @@ class AggregatorServer:
             ]
         self.lowlevel.middleware.append(self._track_session)
         pool.store.subscribe(self._on_catalog)
+        pool.on_reconfigure(self._reconfigured)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[AggregatorServer]:
@@ -169,6 +166,21 @@ class AggregatorServer:
             self._listing = None
             self._changed.set()
 
+    def _reconfigured(self, diff: ConfigDiff) -> None:
+        """After a config reload: new metadata for search, new direct exposure, list_changed if it changed."""
+        for name in [*diff.added, *diff.changed]:
+            self.index.set_server_metadata(name, *self.pool.metadata(name))
+        for name in [*diff.removed, *diff.changed]:
+            self._direct_catalogs.pop(name, None)
+        predicates = _direct_predicates(self.pool)
+        new_direct = set(predicates) != set(self._direct_predicates) or any(name in predicates for name in diff.changed)
+        self._direct_predicates = predicates
+        table = build_direct_tools(self._direct_catalogs, predicates, self._own)
+        if new_direct or list(table) != list(self._direct):
+            self._direct = table
+            self._listing = None
+            self._changed.set()  # clients list again; that starts new direct upstreams (DESIGN §3)
+
     async def _fan_out(self) -> None:
         """Tell every client that the tool list changed (legacy sessions and modern listeners)."""
         while True:
@@ -216,6 +228,15 @@ class AggregatorServer:
         except Exception as exc:
             log.exception("tool failed", tool=name)
             return text_result(f"internal error in aggregator tool {name}: {type(exc).__name__}: {exc}", is_error=True)
+
+
+def _direct_predicates(pool: UpstreamPool) -> dict[str, Any]:
+    """Upstream name → its `is_direct(tool)` predicate, for upstreams that expose tools directly."""
+    return {
+        name: upstream.is_direct
+        for name, upstream in pool.config.upstreams.items()
+        if upstream.expose == "direct" or upstream.pin
+    }
 
 
 def _for_era(result: Any, protocol_version: str) -> Any:

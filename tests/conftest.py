@@ -43,9 +43,37 @@ CATALOG_FILES = {
 """Real `tools/list` results of official servers, in ../shared/data/catalogs, by server name."""
 
 
+def shared_data(*parts: str) -> Path:
+    """A path under ../shared/data; where it is missing (a clone on its own), the test, or the
+    module when called at import, skips with one line saying where it looked."""
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"needs ../shared/data beside the repo; not found: {path}", allow_module_level=True)
+    return path
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return found
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
+    """A skip raised inside a task group (an MCP session) reports its own reason, not the group's."""
+    try:
+        return (yield)
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if leaves and all(isinstance(leaf, pytest.skip.Exception) for leaf in leaves):
+            raise leaves[0] from None
+        raise
+
+
 def real_catalog(server: str) -> Catalog:
     """A cleaned catalog of one of the real servers in CATALOG_FILES."""
-    raw = json.loads((SHARED_DATA / "catalogs" / CATALOG_FILES[server]).read_text())
+    raw = json.loads(shared_data("catalogs", CATALOG_FILES[server]).read_text())
     return Catalog(server, sorted_unique(clean_tool(server, tool) for tool in raw["tools"]))
 
 

@@ -27,9 +27,9 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from tests.conftest import (
     ROOT,
-    SHARED_DATA,
     aggregator_client,
     rpc,
+    shared_data,
     spawn_raw_aggregator,
     structured,
     write_config,
@@ -39,7 +39,6 @@ SERVERS = ROOT / ".ci" / "servers"
 NODE_DIR = SERVERS / "node"
 NODE_PKGS = NODE_DIR / "node_modules" / "@modelcontextprotocol"
 PY_BIN = SERVERS / "py" / "bin"
-CATALOGS = SHARED_DATA / "catalogs"
 HOW = "run .ci/install-servers (needs network access to the registries)"
 TIMEOUTS = {"connect": 30}  # generous: several servers start at once on 2 busy cores
 
@@ -82,7 +81,7 @@ def py_server(command: str, *args: str) -> dict[str, Any]:
 
 
 def catalog_names(file: str) -> set[str]:
-    return {tool["name"] for tool in json.loads((CATALOGS / file).read_text())["tools"]}
+    return {tool["name"] for tool in json.loads(shared_data("catalogs", file).read_text())["tools"]}
 
 
 async def call(session: ClientSession, server: str, tool: str, /, **arguments: Any) -> types.CallToolResult:

@@ -43,7 +43,8 @@ class ConfigError(Exception):
 
 
 def one_line(text: str) -> str:
-    return " ".join(text.split())
+    """Whitespace runs become one space; other unprintable characters are shown as ``U+XXXX``."""
+    return "".join(c if c.isprintable() else f"U+{ord(c):04X}" for c in " ".join(text.split()))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from aggregator.config.errors import Context, KeyPath
 
-__all__ = ["VAR_NAME", "Expander", "ExpansionError", "expand"]
+__all__ = ["VAR_NAME", "Expander", "ExpansionError", "expand", "required_variables"]
 
 VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -78,6 +78,14 @@ def expand(value: str, lookup: Callable[[str], str | None]) -> str:
             out.append("$")
             i += 1
     return "".join(out)
+
+
+_REFERENCE = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)(:-[^}]*)?\}")
+
+
+def required_variables(value: str) -> list[str]:
+    """The variables ``value`` needs set: its ``${VAR}`` references without a default."""
+    return [m.group(1) for m in _REFERENCE.finditer(value.replace("$$", "")) if m.group(2) is None]
 
 
 def _resolve_reference(body: str, lookup: Callable[[str], str | None]) -> str:

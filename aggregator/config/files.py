@@ -10,7 +10,7 @@ import platformdirs
 
 from aggregator.config.errors import ConfigError
 
-__all__ = ["CONFIG_FILE_NAME", "find_config_path", "read_text", "user_config_file"]
+__all__ = ["CONFIG_FILE_NAME", "config_lookup", "find_config_path", "read_text", "user_config_file"]
 
 CONFIG_FILE_NAME = "aggregator.yaml"
 
@@ -27,15 +27,25 @@ def find_config_path(explicit: str | os.PathLike[str] | None, environ: Mapping[s
     is an error, not a reason to fall back. ``~`` is expanded there, since clients start the
     aggregator without a shell.
     """
+    return config_lookup(explicit, environ, cwd)[0]
+
+
+def config_lookup(
+    explicit: str | os.PathLike[str] | None, environ: Mapping[str, str], cwd: Path
+) -> tuple[Path | None, str]:
+    """`find_config_path`, and why that file won (for `doctor`)."""
     if explicit is not None and str(explicit) != "":
-        return _require_file(_absolute(explicit, cwd), "the path given with --config")
+        return _require_file(_absolute(explicit, cwd), "the path given with --config"), "given with --config"
     from_env = environ.get("AGGREGATOR_CONFIG", "")
     if from_env:
-        return _require_file(_absolute(from_env, cwd), "the AGGREGATOR_CONFIG environment variable")
-    for candidate in (cwd / CONFIG_FILE_NAME, user_config_file()):
-        if candidate.is_file():
-            return candidate
-    return None
+        origin = "the AGGREGATOR_CONFIG environment variable"
+        return _require_file(_absolute(from_env, cwd), origin), f"named by {origin}"
+    local, user = cwd / CONFIG_FILE_NAME, user_config_file()
+    if local.is_file():
+        return local, f"{CONFIG_FILE_NAME} in the working directory (no --config, no AGGREGATOR_CONFIG)"
+    if user.is_file():
+        return user, f"the user config file (no --config, no AGGREGATOR_CONFIG, no ./{CONFIG_FILE_NAME})"
+    return None, f"nothing found (no --config, no AGGREGATOR_CONFIG, no ./{CONFIG_FILE_NAME}, no {user})"
 
 
 def _absolute(path: str | os.PathLike[str], cwd: Path) -> Path:

@@ -6,15 +6,17 @@ import os
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from aggregator.config.build import build_config
 from aggregator.config.errors import Context, Lines
 from aggregator.config.files import find_config_path, read_text
 from aggregator.config.jsonc import parse_json
 from aggregator.config.models import BUILTIN_SOURCE, AggregatorConfig
+from aggregator.config.shapes import SERVER_SECTIONS
 from aggregator.config.yamlfile import parse_yaml
 
-__all__ = ["load_config", "parse_config"]
+__all__ = ["load_config", "parse_config", "parse_data", "written_servers"]
 
 
 def load_config(
@@ -36,13 +38,25 @@ def load_config(
 def parse_config(text: str, source: str, *, environ: Mapping[str, str] | None = None) -> AggregatorConfig:
     """Parse one config text. ``source`` names it in messages; a ``.json`` source is read as JSON."""
     environ = os.environ if environ is None else environ
-    lines: Lines = {}
-    if source.lower().endswith(".json"):
-        data = parse_json(text, source)
-    else:
-        data, lines = parse_yaml(text, source)
+    data, lines = parse_data(text, source)
     ctx = Context(source=source, lines=lines, environ=environ, base_dir=_base_dir(source))
     return build_config(data, ctx)
+
+
+def parse_data(text: str, source: str) -> tuple[Any, Lines]:
+    """The file's data as written (a ``.json`` source as JSON, else YAML), and its key lines."""
+    if source.lower().endswith(".json"):
+        return parse_json(text, source), {}
+    return parse_yaml(text, source)
+
+
+def written_servers(text: str, source: str) -> tuple[str, dict[str, Any]]:
+    """The server section's name and its entries as written (no expansion, no validation)."""
+    data = parse_data(text, source)[0]
+    data = data if isinstance(data, dict) else {}
+    section = next((key for key in SERVER_SECTIONS if key in data), "upstreams")
+    servers = data.get(section)
+    return section, dict(servers) if isinstance(servers, dict) else {}
 
 
 def _base_dir(source: str) -> Path | None:

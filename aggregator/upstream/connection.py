@@ -354,6 +354,10 @@ class UpstreamConnection:
         if self.state is not State.READY and self.state is not State.STARTING:
             self.state = State.STOPPED
 
+    def detach_store(self) -> None:
+        """A replacement serves this name now: keep this connection's catalogs to itself from here on."""
+        self._store = CatalogStore()
+
 
 async def raw_request(
     session: ClientSession,

@@ -1,0 +1,249 @@
+"""`aggregator tools [SERVER]`, `describe SERVER TOOL`, `call SERVER TOOL`: the catalog tools from a shell.
+
+Each runs the same handler as the MCP tool of the same job (`CatalogTools`: catalog_list_servers,
+catalog_list_tools, catalog_describe_tool, catalog_call_tool), so a shell user sees what a model
+sees. Exit codes: 0 done, 1 the result is an error (``isError``), 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import mcp.types as types
+
+from aggregator.catalog.search import ToolSearchIndex
+from aggregator.config import AggregatorConfig
+from aggregator.settings import Settings
+from aggregator.table import render_table
+from aggregator.tools.base import ToolContext, ToolResult
+from aggregator.tools.catalog import LIST_LIMIT_MAX, CatalogTools
+from aggregator.upstream.pool import UpstreamPool
+
+__all__ = ["parse_call_arguments", "register"]
+
+EXIT_ERROR_RESULT = 1
+EXIT_USAGE = 2
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Add the three subcommands to the CLI's subparsers."""
+    tools = sub.add_parser("tools", parents=[common], help="list upstreams, or one upstream's tools (starts it)")
+    tools.add_argument("server", nargs="?", help="an upstream name; without it, every upstream is listed")
+    tools.add_argument("--json", action="store_true", help="print the tool's JSON result")
+    tools.set_defaults(handler=_tools)
+
+    describe = sub.add_parser("describe", parents=[common], help="show one upstream tool's full definition")
+    describe.add_argument("server")
+    describe.add_argument("tool")
+    describe.add_argument("--json", action="store_true", help="print the tool's JSON result")
+    describe.set_defaults(handler=_describe)
+
+    call = sub.add_parser(
+        "call",
+        parents=[common],
+        help="call one upstream tool",
+        description="Arguments come from --args (a JSON object) and/or key=value words; a value is read "
+        "as JSON unless the tool's schema says the argument is a string (then it is kept as written).",
+    )
+    call.add_argument("server")
+    call.add_argument("tool")
+    call.add_argument("pairs", nargs="*", metavar="key=value", help="one argument each")
+    call.add_argument("--args", dest="arguments_json", metavar="JSON", help="the arguments as a JSON object")
+    call.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    call.set_defaults(handler=_call)
+
+
+def _family(pool: UpstreamPool, config: AggregatorConfig) -> CatalogTools:
+    index = ToolSearchIndex()
+    for name in pool.upstream_names():
+        index.set_server_metadata(name, *pool.metadata(name))
+    index.attach(pool.store)
+    return CatalogTools(pool, index, config.max_result_bytes)
+
+
+# ---------------------------------------------------------------- tools
+
+
+async def _tools(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
+    async with UpstreamPool.running(config) as pool:
+        family = _family(pool, config)
+        if args.server is None:
+            result = _model(await family.list_servers({}, ToolContext()))
+            return _print_payload(result, args.json, _servers_table)
+        return await _all_tools(family, args.server, args.json)
+
+
+async def _all_tools(family: CatalogTools, server: str, as_json: bool) -> int:
+    """Every page of catalog_list_tools, printed as one list."""
+    items: list[Any] = []
+    offset: int | None = 0
+    while offset is not None:
+        page = {"server": server, "limit": LIST_LIMIT_MAX, "offset": offset}
+        result = _model(await family.list_tools(page, ToolContext()))
+        payload = _structured(result)
+        if result.is_error:
+            return _print_payload(result, as_json, _tools_table)
+        items += payload["items"]
+        offset = payload["next_offset"]
+    merged = types.CallToolResult(content=[], structured_content={"items": items, "total": len(items)})
+    return _print_payload(merged, as_json, _tools_table)
+
+
+def _servers_table(payload: Mapping[str, Any]) -> str:
+    rows = [
+        [s["name"], s["transport"], s["state"], _dash(s["tool_count"]), s["description"]] for s in payload["servers"]
+    ]
+    return render_table(["name", "transport", "state", "tools", "description"], rows, right=(3,))
+
+
+def _tools_table(payload: Mapping[str, Any]) -> str:
+    rows = [
+        [t["tool"], ", ".join(t["arg_keys"]), {True: "yes", False: "no", None: "-"}[t["read_only"]], t["summary"]]
+        for t in payload["items"]
+    ]
+    return render_table(["tool", "arguments", "read-only", "summary"], rows)
+
+
+# ---------------------------------------------------------------- describe
+
+
+async def _describe(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
+    async with UpstreamPool.running(config) as pool:
+        family = _family(pool, config)
+        result = _model(await family.describe_tool({"server": args.server, "tool": args.tool}, ToolContext()))
+    return _print_payload(result, args.json, _description_text)
+
+
+def _description_text(payload: Mapping[str, Any]) -> str:
+    lines = [f"{payload['server']} / {payload['tool']}" + (f" — {payload['title']}" if payload["title"] else "")]
+    if payload["description"]:
+        lines += ["", payload["description"]]
+    lines += ["", "input schema:", json.dumps(payload["input_schema"], indent=2, ensure_ascii=False)]
+    if payload["output_schema"] is not None:
+        lines += ["", "output schema:", json.dumps(payload["output_schema"], indent=2, ensure_ascii=False)]
+    if payload["annotations"]:
+        lines += ["", "annotations: " + json.dumps(payload["annotations"], ensure_ascii=False)]
+    example = " ".join(f"{key}=<{key}>" for key in payload["required"])
+    lines += ["", f"call: aggregator call {payload['server']} {payload['tool']} {example}".rstrip()]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- call
+
+
+async def _call(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
+    async with UpstreamPool.running(config) as pool:
+        family = _family(pool, config)
+        schema: Mapping[str, Any] = {}
+        if args.pairs:  # the schema says which values stay strings; the describe path proves the tool exists
+            described = _model(await family.describe_tool({"server": args.server, "tool": args.tool}, ToolContext()))
+            if described.is_error:
+                return _print_payload(described, args.json, _description_text)
+            schema = _structured(described)["input_schema"]
+        try:
+            arguments = parse_call_arguments(args.arguments_json, args.pairs, schema)
+        except ValueError as exc:
+            print(f"aggregator call: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        request = {"server": args.server, "tool": args.tool, "arguments": arguments}
+        raw = _wire(await family.call_tool(request, ToolContext()))
+    is_error = bool(raw.get("isError"))
+    if args.json:
+        print(json.dumps(raw, indent=2, ensure_ascii=False))
+    else:
+        text = _content_text(raw)
+        if text:
+            print(text, file=sys.stderr if is_error else sys.stdout)
+    return EXIT_ERROR_RESULT if is_error else 0
+
+
+def parse_call_arguments(arguments_json: str | None, pairs: list[str], schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``--args`` (a JSON object) updated by ``key=value`` words; raises ValueError with the fix."""
+    arguments: dict[str, Any] = {}
+    if arguments_json is not None:
+        try:
+            parsed = json.loads(arguments_json)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--args is not JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError('--args must be a JSON object, e.g. --args \'{"path": "/tmp"}\'')
+        arguments.update(parsed)
+    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{pair!r} is not key=value")
+        arguments[key] = _argument_value(value, properties.get(key) if isinstance(properties, dict) else None)
+    return arguments
+
+
+def _argument_value(text: str, property_schema: Any) -> Any:
+    """A key=value value: kept as written for a string argument, else JSON when it parses."""
+    declared = property_schema.get("type") if isinstance(property_schema, dict) else None
+    if declared == "string":
+        return text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _content_text(raw: Mapping[str, Any]) -> str:
+    """A result's content as a person reads it: text as is, other blocks as one line each."""
+    parts: list[str] = []
+    for block in raw.get("content") or []:
+        kind = block.get("type")
+        if kind == "text":
+            parts.append(str(block.get("text", "")))
+        elif kind in ("image", "audio"):
+            size = len(str(block.get("data", ""))) * 3 // 4
+            parts.append(f"[{kind}: {block.get('mimeType', '?')}, about {size} bytes]")
+        elif kind == "resource":
+            resource = block.get("resource") or {}
+            parts.append(str(resource.get("text") or f"[resource: {resource.get('uri', '?')}]"))
+        elif kind == "resource_link":
+            parts.append(f"[resource link: {block.get('uri', '?')}]")
+        else:
+            parts.append(json.dumps(block, ensure_ascii=False))
+    if not parts and raw.get("structuredContent") is not None:
+        parts.append(json.dumps(raw["structuredContent"], indent=2, ensure_ascii=False))
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------- output
+
+
+def _model(result: ToolResult) -> types.CallToolResult:
+    return result if isinstance(result, types.CallToolResult) else types.CallToolResult.model_validate(result)
+
+
+def _wire(result: ToolResult) -> dict[str, Any]:
+    """A result as the client receives it (camelCase); an upstream's raw dict is that already."""
+    if isinstance(result, types.CallToolResult):
+        return result.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return result
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _structured(result: types.CallToolResult) -> dict[str, Any]:
+    return dict(result.structured_content or {})
+
+
+def _print_payload(result: types.CallToolResult, as_json: bool, render: Any) -> int:
+    """A catalog tool's result: its JSON, a rendering of it, or (on error) its one-line message."""
+    payload = _structured(result)
+    if as_json:
+        print(json.dumps(payload, indent=2, ensure_ascii=False))
+    elif result.is_error:
+        error = payload.get("error", {})
+        print(f"aggregator: {error.get('reason', 'error')}: {error.get('message', '')}", file=sys.stderr)
+    else:
+        print(render(payload))
+    return EXIT_ERROR_RESULT if result.is_error else 0

@@ -1,0 +1,239 @@
+"""`aggregator doctor`: is everything in place? One line per finding, each problem with its fix.
+
+Checks, in order: which config file won the lookup and why; that it loads; for every upstream the
+variables it references, its command on PATH (or its URL reachable) and a probe (handshake time,
+tool count); that the data directory is writable; which MCP clients start the aggregator. Exit
+code 0 only when there is no problem (notes do not count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import anyio
+
+from aggregator.config import AggregatorConfig, ConfigError, UpstreamConfig, parse_config
+from aggregator.config.clients import Places, client_files, read_client_file
+from aggregator.config.expand import required_variables
+from aggregator.config.files import config_lookup, read_text
+from aggregator.config.importing import everything_set, is_aggregator_entry
+from aggregator.config.load import load_config, written_servers
+from aggregator.progress import progress_line
+from aggregator.settings import Settings, resolve_data_dir
+
+__all__ = ["register"]
+
+Level = Literal["ok", "note", "problem"]
+_MARK = {"ok": "ok     ", "note": "note   ", "problem": "PROBLEM"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: Level
+    subject: str
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        fix = f". Fix: {self.fix}" if self.fix else ""
+        return f"{_MARK[self.level]} {self.subject}: {self.detail}{fix}"
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    doctor = sub.add_parser("doctor", parents=[common], help="check config, upstreams, data dir and clients")
+    doctor.add_argument("--no-probe", action="store_true", help="do not start upstreams")
+    doctor.add_argument("--json", action="store_true", help="print the findings as JSON")
+    doctor.set_defaults(standalone=_doctor)
+
+
+async def _doctor(args: argparse.Namespace, settings: Settings) -> int:
+    findings: list[Finding] = []
+    config = check_config(getattr(args, "config", None), os.environ, Path.cwd(), findings)
+    if config is not None:
+        await check_upstreams(config, findings, probe=not args.no_probe)
+    findings.append(check_data_dir(resolve_data_dir(None, settings)))
+    findings += check_clients(Places.here())
+    problems = sum(f.level == "problem" for f in findings)
+    if args.json:
+        print(json.dumps({"ok": problems == 0, "findings": [asdict(f) for f in findings]}, indent=2))
+    else:
+        print("\n".join(f.line() for f in findings))
+        print(f"\n{problems} problem{'s' if problems != 1 else ''}" if problems else "\nall well")
+    return 1 if problems else 0
+
+
+# ---------------------------------------------------------------- config
+
+
+def check_config(
+    explicit: Path | None, environ: Mapping[str, str], cwd: Path, findings: list[Finding]
+) -> AggregatorConfig | None:
+    """The config as it loads with the variables that are set; None when it cannot load at all."""
+    try:
+        path, why = config_lookup(explicit, environ, cwd)
+    except ConfigError as exc:
+        findings.append(Finding("problem", "config", f"{exc.file}: {exc.problem}", exc.fix))
+        return None
+    if path is None:
+        findings.append(Finding("note", "config", f"the built-in default is used: {why}"))
+        return load_config(None, environ=environ, cwd=cwd)
+    findings.append(Finding("ok", "config", f"{path}, {why}"))
+    try:
+        text = read_text(path)
+        parse_config(text, str(path), environ=everything_set())  # shape first: unset variables come next
+    except ConfigError as exc:
+        findings.append(Finding("problem", "config", f"{exc.message.split(' Fix: ')[0]}", exc.fix))
+        return None
+    missing = _unset_variables(text, path, environ)
+    findings.append(Finding("ok", "config", "valid" + (" (variables aside)" if missing else "")))
+    for name, variables in missing.items():
+        for variable in variables:
+            findings.append(
+                Finding(
+                    "problem",
+                    f"upstream {name}",
+                    f"${{{variable}}} is referenced but {variable} is not set",
+                    f"set {variable} in the aggregator's environment, or write ${{{variable}:-default}}",
+                )
+            )
+    placeholders = {v: "" for variables in missing.values() for v in variables}
+    config = parse_config(text, str(path), environ={**placeholders, **environ})
+    complete = {name: up for name, up in config.upstreams.items() if name not in missing}
+    return config.model_copy(update={"upstreams": complete})
+
+
+def _unset_variables(text: str, path: Path, environ: Mapping[str, str]) -> dict[str, list[str]]:
+    """Upstream name → the variables its entry needs that the environment does not set."""
+    missing: dict[str, list[str]] = {}
+    for name, entry in written_servers(text, str(path))[1].items():
+        needed = sorted({v for text in _strings(entry) for v in required_variables(text) if v not in environ})
+        needed = [v for v in needed if v != "AGGREGATOR_PYTHON"]
+        if needed:
+            missing[str(name)] = needed
+    return missing
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+# ---------------------------------------------------------------- upstreams
+
+
+async def check_upstreams(config: AggregatorConfig, findings: list[Finding], *, probe: bool) -> None:
+    from aggregator.upstream.pool import UpstreamPool
+
+    reachable: dict[str, UpstreamConfig] = {}
+    for name, upstream in config.upstreams.items():
+        problem = _command_problem(upstream) if upstream.transport == "stdio" else await _url_problem(upstream)
+        if problem is not None:
+            findings.append(problem)
+        else:
+            reachable[name] = upstream
+    if not probe or not reachable:
+        findings += [Finding("ok", f"upstream {name}", "found (not probed)") for name in reachable if not probe]
+        return
+    async with UpstreamPool.running(config.model_copy(update={"upstreams": reachable})) as pool:
+        with progress_line("probing upstreams", len(reachable)) as advance:
+            await pool.start_all(on_done=advance)
+        for status in pool.statuses():
+            subject = f"upstream {status.name}"
+            if status.state == "ready":
+                detail = f"ready, {status.tool_count} tools, handshake {status.handshake_seconds or 0:.2f}s"
+                findings.append(Finding("ok", subject, detail))
+            else:
+                error = status.last_error or "did not start"
+                last = status.stderr_tail[-1] if status.stderr_tail else ""
+                detail = f"{status.state}: {error}" + (f" (stderr: {last})" if last and last not in error else "")
+                findings.append(Finding("problem", subject, detail, "run its command by hand to see why it fails"))
+
+
+def _command_problem(upstream: UpstreamConfig) -> Finding | None:
+    subject = f"upstream {upstream.name}"
+    command = upstream.command or ""
+    search_path = upstream.env.get("PATH", os.environ.get("PATH", ""))
+    if upstream.cwd is not None and not Path(upstream.cwd).is_dir():
+        return Finding("problem", subject, f"cwd {upstream.cwd} is not a directory", "create it or correct cwd")
+    if os.sep in command or (os.altsep and os.altsep in command):
+        if not os.access(command, os.X_OK) or not Path(command).is_file():
+            return Finding("problem", subject, f"{command} is not an executable file", "install it or correct command")
+    elif shutil.which(command, path=search_path) is None:
+        return Finding(
+            "problem", subject, f"command {command!r} is not on PATH", "install it, or give its absolute path"
+        )
+    return None
+
+
+async def _url_problem(upstream: UpstreamConfig) -> Finding | None:
+    parts = urlsplit(upstream.url or "")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with anyio.fail_after(min(upstream.timeouts.connect, 5.0)):
+            stream = await anyio.connect_tcp(parts.hostname or "", port)
+            await stream.aclose()
+    except (OSError, TimeoutError) as exc:
+        return Finding(
+            "problem",
+            f"upstream {upstream.name}",
+            f"{parts.hostname}:{port} is not reachable ({type(exc).__name__})",
+            "start the server, or correct url",
+        )
+    return None
+
+
+# ---------------------------------------------------------------- data dir and clients
+
+
+def check_data_dir(data_dir: Path) -> Finding:
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=data_dir):
+            pass
+    except OSError as exc:
+        return Finding(
+            "problem",
+            "data dir",
+            f"{data_dir} is not writable ({exc.strerror or type(exc).__name__})",
+            "fix its permissions, or set AGGREGATOR_DATA_DIR / --data-dir to a writable directory",
+        )
+    return Finding("ok", "data dir", f"{data_dir} is writable")
+
+
+def check_clients(places: Places) -> list[Finding]:
+    """Which client files start the aggregator; a client file that does not parse is a problem."""
+    findings: list[Finding] = []
+    installed: list[str] = []
+    for file in client_files(places):
+        if not file.path.is_file():
+            continue
+        try:
+            servers = read_client_file(file).servers
+        except ConfigError as exc:
+            fix = f"correct the file (in {file.client} or by hand)"
+            findings.append(Finding("problem", f"client {file.label}", f"{file.path}: {exc.problem}", fix))
+            continue
+        if any(isinstance(entry, dict) and is_aggregator_entry(entry) for entry in servers.values()):
+            installed.append(f"{file.label} ({file.path})")
+    if installed:
+        findings.append(Finding("ok", "clients", "the aggregator is installed in " + ", ".join(installed)))
+    else:
+        findings.append(
+            Finding("note", "clients", "no MCP client starts the aggregator yet", "aggregator install CLIENT")
+        )
+    return findings

@@ -1,0 +1,225 @@
+"""Client servers → entries of aggregator.yaml: translation, conflicts, and the plan `import` shows.
+
+Each client entry is translated to our shape with its values as written (``${VAR}`` stays a
+reference), validated by the same builder the loader uses (with every variable taken as set), and
+then compared with what the config already has: a new name is added; the same name with the same
+endpoint (command/args/env/cwd/url/headers/transport) is merged (nothing to write); the same name
+with a different endpoint is renamed ``NAME-CLIENT``; an entry that starts the aggregator itself, a
+disabled one, or one we cannot express is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import PurePath
+from typing import Any, Literal
+
+from aggregator.config.clients import ClientServers
+from aggregator.config.errors import ConfigError
+from aggregator.config.load import parse_config
+from aggregator.config.models import NAME_PATTERN, RESERVED_NAME
+
+__all__ = [
+    "ENDPOINT_KEYS",
+    "ImportItem",
+    "ImportPlan",
+    "everything_set",
+    "is_aggregator_entry",
+    "plan_import",
+    "translate",
+]
+
+ENDPOINT_KEYS = ("command", "args", "env", "cwd", "url", "headers", "transport")
+
+Action = Literal["add", "same", "rename", "skip"]
+
+
+@dataclass(frozen=True)
+class ImportItem:
+    action: Action
+    name: str  # the name in aggregator.yaml (after a rename)
+    original: str  # the name in the client file
+    client: str
+    source: str  # the client file
+    note: str = ""
+    entry: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ImportPlan:
+    target: str
+    section: str
+    items: list[ImportItem]
+
+    def additions(self) -> dict[str, dict[str, Any]]:
+        return {item.name: item.entry for item in self.items if item.action in ("add", "rename")}
+
+    def counts(self) -> dict[str, int]:
+        return {
+            action: sum(item.action == action for item in self.items) for action in ("add", "same", "rename", "skip")
+        }
+
+
+class _EverySet(Mapping[str, str]):
+    """An environment where every variable is set: validates shape without needing the user's values."""
+
+    def __getitem__(self, key: str) -> str:
+        return "x"
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def get(self, key: str, default: Any = None) -> str:  # type: ignore[override]
+        return "x"
+
+
+def everything_set() -> Mapping[str, str]:
+    """An environment in which every ``${VAR}`` is set (to check a config's shape, not its values)."""
+    return _EverySet()
+
+
+def is_aggregator_entry(entry: Mapping[str, Any]) -> bool:
+    """True if the entry starts this aggregator (`aggregator serve`, `python -m aggregator`, ...)."""
+    command = entry.get("command")
+    args = [str(a) for a in entry.get("args") or [] if isinstance(a, str | int)]
+    if not isinstance(command, str):
+        return False
+    program = PurePath(command.replace("\\", "/")).name.lower().removesuffix(".exe")
+    if program == RESERVED_NAME:
+        return True
+    words = [program, *args]
+    return any(words[i] == "-m" and words[i + 1] == RESERVED_NAME for i in range(len(words) - 1)) or (
+        program in ("uvx", "pipx") and RESERVED_NAME in args[:2]
+    )
+
+
+def translate(entry: Any, client: str) -> tuple[dict[str, Any] | None, str]:
+    """A client's entry in our shape, or None and why not. Codex (TOML) keys are mapped too."""
+    if not isinstance(entry, Mapping):
+        return None, "not a mapping of settings"
+    if entry.get("disabled") is True or entry.get("enabled") is False:
+        return None, "disabled in the client"
+    if entry.get("envFile") is not None:
+        return None, "uses envFile, which aggregator.yaml does not read: copy its variables into env:"
+    out: dict[str, Any] = {}
+    for key in ("command", "args", "env", "cwd", "headers"):
+        if entry.get(key) not in (None, [], {}):
+            out[key] = entry[key]
+    url = entry.get("url", entry.get("serverUrl"))
+    if url is not None:
+        out["url"] = url
+    if client == "codex":
+        _codex_keys(entry, out)
+    kind = entry.get("type", entry.get("transportType", entry.get("transport")))
+    shape = {"mcpServers": {"s": {k: v for k, v in out.items() if k != "transport"}}}
+    if isinstance(kind, str):
+        shape["mcpServers"]["s"]["type"] = kind
+    try:
+        resolved = parse_config(json.dumps(shape), "<client>.json", environ=everything_set()).upstreams["s"]
+    except ConfigError as exc:
+        return None, f"{exc.problem}; fix: {exc.fix}"
+    if resolved.transport != "stdio" and not (resolved.transport == "http" and kind is None):
+        out["transport"] = resolved.transport
+    return out, ""
+
+
+def _codex_keys(entry: Mapping[str, Any], out: dict[str, Any]) -> None:
+    """Codex's config.toml keys that have a counterpart of ours."""
+    token_var = entry.get("bearer_token_env_var")
+    if isinstance(token_var, str):
+        out.setdefault("headers", {})["Authorization"] = f"Bearer ${{{token_var}}}"
+    if isinstance(entry.get("http_headers"), Mapping):
+        out["headers"] = {**entry["http_headers"], **out.get("headers", {})}
+    for name in entry.get("env_vars") or []:
+        if isinstance(name, str):
+            out.setdefault("env", {}).setdefault(name, f"${{{name}}}")
+    timeouts = {
+        ours: entry[theirs]
+        for ours, theirs in (("connect", "startup_timeout_sec"), ("call", "tool_timeout_sec"))
+        if isinstance(entry.get(theirs), int | float)
+    }
+    if timeouts:
+        out["timeouts"] = timeouts
+    tools = {
+        ours: entry[theirs]
+        for ours, theirs in (("allow", "enabled_tools"), ("deny", "disabled_tools"))
+        if theirs in entry
+    }
+    if tools:
+        out["tools"] = tools
+
+
+def endpoint(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys that decide whether two entries are the same server."""
+    return {key: entry[key] for key in ENDPOINT_KEYS if entry.get(key) not in (None, [], {})}
+
+
+def safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_") or "server"
+
+
+class _Names:
+    """The names (case-folded) and endpoints of the config so far, existing and planned."""
+
+    def __init__(self, existing: Mapping[str, Any]) -> None:
+        self.entries: dict[str, tuple[str, dict[str, Any]]] = {}
+        for name, entry in existing.items():
+            self.take(str(name), dict(entry) if isinstance(entry, Mapping) else {})
+
+    def take(self, name: str, entry: dict[str, Any]) -> None:
+        self.entries[name.casefold()] = (name, entry)
+
+    def free(self, name: str) -> bool:
+        return name.casefold() != RESERVED_NAME and name.casefold() not in self.entries
+
+    def same_server(self, entry: Mapping[str, Any]) -> str | None:
+        wanted = endpoint(entry)
+        return next((name for name, other in self.entries.values() if endpoint(other) == wanted), None)
+
+
+def plan_import(
+    existing: Mapping[str, Any], sources: Iterable[ClientServers], *, target: str, section: str
+) -> ImportPlan:
+    """What importing `sources` into a config whose servers are `existing` would do."""
+    names = _Names(existing)
+    items: list[ImportItem] = []
+    for source in sources:
+        client, where = source.file.client, str(source.file.path)
+        for raw_name, raw in source.servers.items():
+            original = str(raw_name)
+            name = safe_name(original)
+            if isinstance(raw, Mapping) and is_aggregator_entry(raw):
+                items.append(ImportItem("skip", name, original, client, where, "already the aggregator"))
+                continue
+            entry, why = translate(raw, client)
+            if entry is None:
+                items.append(ImportItem("skip", name, original, client, where, why))
+                continue
+            items.append(_place(ImportItem("add", name, original, client, where, entry=entry), names))
+    return ImportPlan(target=target, section=section, items=items)
+
+
+def _place(item: ImportItem, names: _Names) -> ImportItem:
+    """Add under its name, merge with an identical server, or rename after the client."""
+    same = names.same_server(item.entry)
+    if same is not None:
+        note = "the same server is already in the config" + (f" as {same!r}" if same != item.name else "")
+        return replace(item, action="same", name=same, note=note, entry={})
+    if names.free(item.name):
+        names.take(item.name, item.entry)
+        if item.name != item.original:
+            return replace(item, note=f"renamed from {item.original!r}: names use letters, digits, '_' and '-'")
+        return item
+    base = f"{item.name}-{safe_name(item.client)}"
+    candidate, number = base, 2
+    while not names.free(candidate) or not NAME_PATTERN.fullmatch(candidate):
+        candidate, number = f"{base}-{number}", number + 1
+    names.take(candidate, item.entry)
+    why = "the name is reserved" if item.name.casefold() == RESERVED_NAME else f"{item.name!r} names a different server"
+    return replace(item, action="rename", name=candidate, note=f"{why}; imported as {candidate!r}")

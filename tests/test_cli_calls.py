@@ -1,0 +1,106 @@
+"""`aggregator tools / describe / call`: the catalog tools from a shell, on real upstreams."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from aggregator.commands.calls import parse_call_arguments
+from tests.conftest import aggregator_client, example, kit_upstream, structured, write_config
+from tests.test_cli import run_cli
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    return write_config(
+        tmp_path,
+        {"kit": kit_upstream(description="scriptable test server"), "toolbox": example("toolbox", description="tb")},
+    )
+
+
+def test_tools_lists_servers_without_starting_them(config: Path) -> None:
+    done = run_cli("tools", "--config", str(config), "--json")
+    assert done.returncode == 0, done.stderr
+    servers = {s["name"]: s for s in json.loads(done.stdout)["servers"]}
+    assert servers["kit"]["state"] == "configured" and servers["kit"]["description"] == "scriptable test server"
+    table = run_cli("tools", "--config", str(config)).stdout.splitlines()
+    assert table[0].split() == ["name", "transport", "state", "tools", "description"]
+    assert table[2].split()[:3] == ["kit", "stdio", "configured"]
+
+
+def test_tools_of_one_server_lists_every_tool(config: Path) -> None:
+    done = run_cli("tools", "toolbox", "--config", str(config), "--json")
+    assert done.returncode == 0, done.stderr
+    payload = json.loads(done.stdout)
+    assert payload["total"] == len(payload["items"]) == 24
+    table = run_cli("tools", "kit", "--config", str(config))
+    rows = {line.split()[0]: line for line in table.stdout.splitlines()[2:]}
+    assert {"echo", "add", "fail"} <= set(rows) and "message" in rows["echo"]
+
+
+def test_unknown_server_exits_1_with_the_known_names(config: Path) -> None:
+    done = run_cli("tools", "nope", "--config", str(config))
+    assert done.returncode == 1 and done.stdout == ""
+    assert "unknown_server" in done.stderr and "kit, toolbox" in done.stderr
+
+
+def test_describe_shows_schema_and_a_call_line(config: Path) -> None:
+    done = run_cli("describe", "kit", "add", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    assert '"a": {' in done.stdout and "call: aggregator call kit add a=<a> b=<b>" in done.stdout
+    payload = json.loads(run_cli("describe", "kit", "add", "--config", str(config), "--json").stdout)
+    assert payload["required"] == ["a", "b"] and payload["output_schema"]["required"] == ["sum"]
+    missing = run_cli("describe", "kit", "nope", "--config", str(config))
+    assert missing.returncode == 1 and "unknown_tool" in missing.stderr
+
+
+def test_call_prints_content_and_reads_values_by_schema(config: Path) -> None:
+    echoed = run_cli("call", "kit", "echo", "message=123", "--config", str(config))
+    assert (echoed.returncode, echoed.stdout) == (0, "123\n")  # a string argument stays as written
+    added = run_cli("call", "kit", "add", "a=2", "b=3.5", "--config", str(config))
+    assert (added.returncode, added.stdout) == (0, "5.5\n")  # numbers are read as JSON
+    image = run_cli("call", "kit", "image", "--config", str(config))
+    assert image.stdout.splitlines()[0].startswith("[image: image/png, about")
+
+
+def test_call_error_result_exits_1(config: Path) -> None:
+    done = run_cli("call", "kit", "fail", "--args", '{"message": "it broke"}', "--config", str(config))
+    assert done.returncode == 1 and "it broke" in done.stderr and done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [(["--args", "[1"], "not JSON"), (["--args", "[1]"], "JSON object"), (["message"], "not key=value")],
+)
+def test_call_usage_errors_exit_2(config: Path, extra: list[str], expected: str) -> None:
+    done = run_cli("call", "kit", "echo", *extra, "--config", str(config))
+    assert done.returncode == 2 and expected in done.stderr and done.stderr.count("\n") == 1
+
+
+async def test_call_json_is_what_an_mcp_client_gets(config: Path) -> None:
+    """Same code path: the CLI's --json result equals catalog_call_tool's result over MCP."""
+    cli = run_cli("call", "kit", "add", "--args", '{"a": 1}', "b=2", "--json", "--config", str(config))
+    assert cli.returncode == 0, cli.stderr
+    async with aggregator_client(config) as session:
+        over_mcp = await session.call_tool(
+            "catalog_call_tool", {"server": "kit", "tool": "add", "arguments": {"a": 1, "b": 2}}
+        )
+        listed = structured(await session.call_tool("catalog_list_tools", {"server": "toolbox", "limit": 200}))
+    wire = over_mcp.model_dump(mode="json", by_alias=True, exclude_none=True)
+    wire.pop("resultType", None)  # the client model's protocol-era field, not part of the tool's result
+    assert json.loads(cli.stdout) == wire
+    tools = json.loads(run_cli("tools", "toolbox", "--json", "--config", str(config)).stdout)
+    assert tools["items"] == listed["items"]
+
+
+def test_parse_call_arguments() -> None:
+    schema = {"properties": {"s": {"type": "string"}, "n": {"type": "integer"}}}
+    assert parse_call_arguments('{"s": "x", "n": 1}', ["n=2", "s=true", 'o={"k": [1]}', "w=a b"], schema) == {
+        "s": "true",
+        "n": 2,
+        "o": {"k": [1]},
+        "w": "a b",
+    }
+    assert parse_call_arguments(None, ["e="], {}) == {"e": ""}
