@@ -1,4 +1,4 @@
-"""Command line: `aggregator serve`, `aggregator list-upstreams`, `aggregator search`.
+"""Command line: `aggregator serve`, `aggregator list-upstreams`, `aggregator search`, `aggregator refresh`.
 
 Every command loads the config the same way (DESIGN §1); a broken config
 prints one line naming the file, the key and the fix, and exits with code 2.
@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 
 from aggregator import __version__
+from aggregator.catalog.model import age_text
 from aggregator.config import AggregatorConfig, ConfigError, load_config
 from aggregator.log import configure_logging, get_logger
 from aggregator.settings import Settings, load_settings, resolve_data_dir
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=8765, help="HTTP port (default 8765)")
     serve.add_argument("--allow-host", action="append", default=[], help="extra Host header value to accept")
-    serve.add_argument("--data-dir", type=Path, help="where persistent search indexes live")
+    serve.add_argument("--data-dir", type=Path, help="where persistent search indexes and catalog snapshots live")
 
     upstreams = sub.add_parser("list-upstreams", parents=[common], help="show configured upstreams")
     upstreams.add_argument("--probe", action="store_true", help="start every upstream concurrently and report")
@@ -74,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--load", action="store_true", help="start upstreams whose catalogs are not loaded")
     search.add_argument("--limit", type=int, default=8)
     search.add_argument("--json", action="store_true", help="print the tool's JSON result")
+
+    refresh = sub.add_parser(
+        "refresh", parents=[common], help="start upstreams, rewrite their catalog snapshots, stop them"
+    )
+    refresh.add_argument("names", nargs="*", metavar="NAME", help="upstreams to refresh (default: all)")
+    refresh.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    for command in (upstreams, search, refresh):
+        command.add_argument("--data-dir", type=Path, help="where catalog snapshots live")
     return parser
 
 
@@ -98,6 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "serve": _serve,
         "list-upstreams": _list_upstreams,
         "search": _search,
+        "refresh": _refresh,
     }
     try:
         return anyio.run(commands[args.command], args, config, settings, backend_options=_backend_options())
@@ -135,7 +145,7 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
     log.info("starting", config=config.source, upstreams=len(config.upstreams), transport=args.transport)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_stop_on_signal, tg.cancel_scope)
-        async with UpstreamPool.running(config) as pool:
+        async with UpstreamPool.running(config, data_dir) as pool:
             server = AggregatorServer(pool, data_dir=data_dir, max_result_bytes=config.max_result_bytes)
             async with server.running():
                 if sock is None:
@@ -169,7 +179,7 @@ async def _stop_on_signal(scope: anyio.CancelScope) -> None:
 async def _list_upstreams(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
     from aggregator.upstream.pool import UpstreamPool
 
-    async with UpstreamPool.running(config) as pool:
+    async with UpstreamPool.running(config, _data_dir(args, settings)) as pool:
         started = time.monotonic()
         if args.probe:
             await pool.start_all()
@@ -179,7 +189,8 @@ async def _list_upstreams(args: argparse.Namespace, config: AggregatorConfig, se
         print(json.dumps({"config": config.source, "upstreams": rows}, indent=2, ensure_ascii=False))
     else:
         print(f"config: {config.source}")
-        print(_table(rows, ["name", "transport", "state", "tools", "catalog_age", "handshake", "last_error"]))
+        columns = ["name", "transport", "state", "tools", "catalog_age", "handshake", "snapshot", "last_error"]
+        print(_table(rows, columns))
         if args.probe:
             failed = [row for row in rows if row["state"] not in ("ready",)]
             print(f"\nprobed {len(rows)} upstreams in {elapsed:.2f}s; {len(rows) - len(failed)} ready")
@@ -203,7 +214,17 @@ def _status_row(status: Any) -> dict[str, Any]:
         "handshake": None if status.handshake_seconds is None else round(status.handshake_seconds, 3),
         "last_error": status.last_error,
         "stderr_tail": status.stderr_tail,
+        "snapshot_tools": status.snapshot_tool_count,
+        "snapshot_age": None if status.snapshot_age is None else round(status.snapshot_age, 1),
+        "snapshot": _snapshot_cell(status),
     }
+
+
+def _snapshot_cell(status: Any) -> str | None:
+    """`12 tools, 3h old`, or why there is no usable snapshot."""
+    if status.snapshot_tool_count is not None:
+        return f"{status.snapshot_tool_count} tools, {age_text(status.snapshot_age or 0.0)} old"
+    return f"ignored: {status.snapshot_note}" if status.snapshot_note else None
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
@@ -222,7 +243,7 @@ async def _search(args: argparse.Namespace, config: AggregatorConfig, settings: 
     from aggregator.tools.catalog_search import format_results_table, search_tools
     from aggregator.upstream.pool import UpstreamPool
 
-    async with UpstreamPool.running(config) as pool:
+    async with UpstreamPool.running(config, _data_dir(args, settings)) as pool:
         index = ToolSearchIndex()
         for name in pool.upstream_names():
             index.set_server_metadata(name, *pool.metadata(name))
@@ -241,6 +262,69 @@ async def _search(args: argparse.Namespace, config: AggregatorConfig, settings: 
     else:
         print(format_results_table(payload))
     return EXIT_USAGE if result.is_error else 0
+
+
+# ---------------------------------------------------------------- refresh
+
+
+async def _refresh(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
+    """Start the named upstreams (default: all) concurrently, rewrite their snapshots, stop them."""
+    from aggregator.upstream.pool import UpstreamPool
+
+    names = _resolve_names(config, args.names)
+    if isinstance(names, str):
+        print(f"aggregator: {names}", file=sys.stderr)
+        return EXIT_USAGE
+    data_dir = _data_dir(args, settings)
+    async with UpstreamPool.running(config, data_dir) as pool:
+        started = time.monotonic()
+        outcome = await pool.start_all(names)
+        await pool.flush_snapshots()
+        elapsed = time.monotonic() - started
+        rows = [_refresh_row(pool, name, fault) for name, fault in outcome.items()]
+    if args.json:
+        print(json.dumps({"config": config.source, "data_dir": str(data_dir), "upstreams": rows}, indent=2))
+    else:
+        print(f"snapshots: {data_dir / 'catalogs'}")
+        print(_table(rows, ["name", "state", "tools", "handshake", "snapshot"]))
+        done = sum(1 for row in rows if row["written"])
+        print(f"\nrefreshed {done} of {len(rows)} snapshots in {elapsed:.2f}s")
+    return 0 if all(row["written"] for row in rows) else 1
+
+
+def _resolve_names(config: AggregatorConfig, names: list[str]) -> list[str] | str:
+    """Configured names (matched ignoring case), or the message naming an unknown one."""
+    by_folded = {name.casefold(): name for name in config.upstreams}
+    unknown = [name for name in names if name.casefold() not in by_folded]
+    if unknown:
+        known = ", ".join(config.upstreams) or "none configured"
+        return f"no upstream named {', '.join(unknown)} (known: {known})"
+    return list(dict.fromkeys(by_folded[name.casefold()] for name in names)) or list(config.upstreams)
+
+
+def _refresh_row(pool: Any, name: str, fault: Any) -> dict[str, Any]:
+    status = pool.status(name)
+    path = pool.snapshot_writes.get(name)
+    if fault is not None:
+        snapshot = f"not refreshed: {fault.message}"
+    elif not pool.config.upstreams[name].snapshots:
+        snapshot = "not written: snapshots: false"
+    elif path is None:
+        snapshot = "not written (see the warning above)"
+    else:
+        snapshot = f"written: {path.name}"
+    return {
+        "name": name,
+        "state": "failed" if fault is not None else "ready",
+        "tools": status.tool_count,
+        "handshake": None if status.handshake_seconds is None else round(status.handshake_seconds, 3),
+        "snapshot": snapshot,
+        "written": fault is None and path is not None,
+    }
+
+
+def _data_dir(args: argparse.Namespace, settings: Settings) -> Path:
+    return resolve_data_dir(getattr(args, "data_dir", None), settings)
 
 
 if __name__ == "__main__":  # pragma: no cover
