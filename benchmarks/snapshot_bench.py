@@ -23,6 +23,11 @@ For each query, a fresh `aggregator serve` is spawned and spoken to over stdio:
 - with snapshots (data dir filled by `aggregator refresh` beforehand):
   `catalog_search_tools(load: false)` once, in a fresh aggregator.
 
+Wall time on a shared machine is noisy, so the same first search is also
+measured in-process (the server and an SDK client over memory streams) as CPU
+time, which load on the machine does not inflate: a fresh aggregator seeded
+from snapshots against one whose catalogs were all listed live.
+
 Last, the cost of writing snapshots on the load path: the same 20 upstreams
 started and listed in-process by `UpstreamPool.start_all`, with a data dir
 (each listing then written to disk in a worker thread) and without,
@@ -53,7 +58,7 @@ from aggregator.catalog.model import Catalog, MalformedEntry, clean_tool, sorted
 from aggregator.catalog.search import ToolSearchIndex
 from aggregator.catalog.snapshot import SnapshotDir
 from aggregator.catalog.store import CatalogStore
-from aggregator.config import load_config
+from aggregator.config import AggregatorConfig, load_config
 from aggregator.upstream.pool import UpstreamPool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,6 +146,7 @@ class Aggregator:
         self.request("initialize", init)
         self.startup = time.perf_counter() - started
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        self.request("tools/list", {})  # as every client does before its first call
 
     def send(self, message: dict[str, Any]) -> None:
         assert self.proc.stdin
@@ -226,6 +232,43 @@ def run_snapshot(config: Path, data_dir: Path, logs: list[Path], query: dict[str
         agg.close()
 
 
+async def _first_search_cpu(config: AggregatorConfig, data_dir: Path | None, query: str) -> float:
+    """CPU seconds of the first `catalog_search_tools` of a fresh in-process server (after tools/list)."""
+    from mcp import ClientSession
+    from mcp.shared.memory import create_client_server_memory_streams
+
+    from aggregator.server import AggregatorServer
+
+    async with UpstreamPool.running(config, data_dir) as pool:
+        server = AggregatorServer(pool, data_dir=Path(tempfile.mkdtemp()), max_result_bytes=config.max_result_bytes)
+        lowlevel = server.lowlevel
+        async with (
+            server.running(),
+            create_client_server_memory_streams() as ((client_read, client_write), (read, write)),
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(lambda: lowlevel.run(read, write, lowlevel.create_initialization_options()))
+            async with ClientSession(client_read, client_write) as session:
+                await session.initialize()
+                await session.list_tools()
+                if data_dir is None:  # warm: every catalog listed live first, by another search
+                    await session.call_tool("catalog_search_tools", {"query": WARM_UP_QUERY, "load": True})
+                started = time.process_time()
+                await session.call_tool("catalog_search_tools", {"query": query})
+                elapsed = time.process_time() - started
+            tg.cancel_scope.cancel()
+    return elapsed
+
+
+def first_search_cpu(config_path: Path, data_dir: Path, queries: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
+    config = load_config(config_path)
+    snap, warm = [], []
+    for query in [q for _ in range(rounds) for q in queries]:
+        snap.append(anyio.run(_first_search_cpu, config, data_dir, query["query"]))
+        warm.append(anyio.run(_first_search_cpu, config, None, query["query"]))
+    return {"snapshot": median(list(snap)), "warm": median(list(warm))}
+
+
 def load_cost(config_path: Path, work: Path, rounds: int) -> dict[str, Any]:
     """Start and list every upstream in-process, writing snapshots or not; and one write's own time."""
     config = load_config(config_path)
@@ -298,6 +341,7 @@ def main() -> int:
             cold.append(run_cold(config, work, logs, query))
             warm_first.append(run_warm(config, work, query))
             snap.append(run_snapshot(config, data_dir, logs, query))
+        cpu = first_search_cpu(config, data_dir, queries, args.rounds)
         loads = load_cost(config, work, args.rounds)
     tools = sum(len(clean_catalog(s).tools) for s in servers)
     summary = {
@@ -331,6 +375,7 @@ def main() -> int:
     repeated = summary["warm_in_memory"]["repeated_search_s"]
     with_snap = summary["with_snapshots"]["first_useful_s"]
     summary["snapshot_vs_warm"] = (with_snap / warm) if with_snap and warm else None
+    summary["first_search_cpu_s"] = cpu
     summary["load_all_s"] = {"with_snapshot_writes": loads["with"], "without": loads["without"]}
     summary["one_snapshot_write_s"] = loads["write"]
     if args.json:
@@ -357,6 +402,10 @@ def main() -> int:
     for row in rows:
         print(f"{row[0]:26}{row[1]:>30}{row[2]:>24}{row[3]:>24}")
     print(f"without snapshots the useful answer needed: {', '.join(w['answered_by'])}")
+    print(
+        f"first search, in-process CPU time: {ms(cpu['snapshot'])} from snapshots, {ms(cpu['warm'])} warm "
+        f"(ratio {cpu['snapshot'] / cpu['warm']:.2f})"
+    )
     print(
         f"starting and listing all {len(servers)} upstreams in-process: {ms(loads['with'])} writing snapshots, "
         f"{ms(loads['without'])} without; one snapshot write (in a worker thread) {ms(loads['write'])}"

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import pytest
 from mcp import ClientSession
 
 from aggregator.catalog.model import Catalog, clean_prompt, clean_resource, clean_resource_template, clean_tool
 from aggregator.catalog.snapshot import FORMAT, VERSION, SnapshotDir, decode, encode, fingerprint
 from aggregator.catalog.store import CatalogStore
-from aggregator.config import AggregatorConfig, parse_config
+from aggregator.config import AggregatorConfig, ConfigError, parse_config
 from aggregator.files import write_atomically
 from aggregator.upstream.pool import UpstreamPool
 from tests.conftest import aggregator_client, aggregator_env, kit_upstream, structured, write_config
@@ -97,6 +98,33 @@ def test_fingerprint_covers_the_definition_but_never_secret_values() -> None:
     http = config_of({"h": {"url": "http://127.0.0.1:1/mcp", "headers": {"Authorization": "Bearer abc"}}})
     http2 = config_of({"h": {"url": "http://127.0.0.1:1/mcp", "headers": {"Authorization": "Bearer xyz"}}})
     assert fingerprint(http.upstreams["h"]) == fingerprint(http2.upstreams["h"])
+
+
+def test_config_keys_snapshots_and_snapshot_max_age() -> None:
+    config = config_of(
+        {
+            "a": {"command": "x", "snapshot_max_age": 3600},
+            "b": {"command": "x", "snapshots": False},
+            "c": {"command": "x", "snapshot_max_age": "2d"},
+            "d": {"command": "x"},
+        },
+        defaults={"snapshot_max_age": "12h", "snapshots": True},
+    )
+    ups = config.upstreams
+    assert [(u.snapshots, u.snapshot_max_age) for u in ups.values()] == [
+        (True, 3600.0),
+        (False, 43200.0),
+        (True, 172800.0),
+        (True, 43200.0),
+    ]
+    assert config_of({"d": {"command": "x"}}).upstreams["d"].snapshot_max_age == 30 * DAY
+    weeks = config_of({"d": {"command": "x", "snapshot_max_age": "1.5w"}}).upstreams["d"]
+    assert weeks.snapshot_max_age == 1.5 * 7 * DAY
+    bad_values = [{"snapshot_max_age": -1}, {"snapshot_max_age": "soon"}, {"snapshot_max_age": True}]
+    for bad in [*bad_values, {"snapshots": "maybe"}]:
+        with pytest.raises(ConfigError) as caught:
+            config_of({"d": {"command": "x", **bad}})
+        assert next(iter(bad)) in str(caught.value) and "Fix:" in str(caught.value)
 
 
 def test_written_file_holds_no_secret_value(tmp_path: Path) -> None:
@@ -253,6 +281,16 @@ async def test_pool_writes_seeds_and_replaces_snapshots(tmp_path: Path) -> None:
         assert not live.is_snapshot and spawns(log) == 2
         await pool.flush_snapshots()
     assert json.loads(path.read_text())["listed_at"] == live.loaded_at
+
+
+async def test_an_eager_upstream_starts_even_with_a_snapshot(tmp_path: Path) -> None:
+    log = tmp_path / "spawn.log"
+    config = config_of({"kit": kit_upstream("--spawn-log", str(log), start="eager")})
+    for expected in (1, 2):
+        async with UpstreamPool.running(config, tmp_path / "data") as pool:
+            await anyio.to_thread.run_sync(wait_for, lambda: pool.store.live("kit") is not None, "the eager start")
+            await pool.flush_snapshots()
+        assert spawns(log) == expected
 
 
 async def test_a_snapshot_write_does_not_hold_up_a_load(tmp_path: Path) -> None:

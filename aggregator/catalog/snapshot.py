@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,6 +207,7 @@ class SnapshotDir:
     def __init__(self, data_dir: Path) -> None:
         self.directory = data_dir / SUBDIR
         self._warned_unwritable = False
+        self._warn_lock = threading.Lock()  # writes run in worker threads
 
     def path(self, server: str) -> Path:
         return self.directory / f"{server}.json"
@@ -256,8 +258,9 @@ class SnapshotDir:
         try:
             write_atomically(path, payload)
         except OSError as exc:
-            if not self._warned_unwritable:
-                self._warned_unwritable = True
+            with self._warn_lock:
+                first, self._warned_unwritable = not self._warned_unwritable, True
+            if first:
                 log.warning(
                     "catalog snapshots cannot be written; working without them",
                     directory=str(self.directory),

@@ -196,7 +196,7 @@ class UpstreamPool:
 
     async def _start_quietly(self, name: str) -> None:
         try:
-            await self.ensure_catalog(name)
+            await self.ensure_live_catalog(name)  # eager means started, even with a snapshot at hand
         except Fault as fault:
             log.warning("eager start failed", upstream=name, reason=fault.message)
 
