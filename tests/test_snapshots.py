@@ -16,10 +16,12 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mcp import ClientSession
 
 from aggregator.catalog.model import Catalog, clean_prompt, clean_resource, clean_resource_template, clean_tool
-from aggregator.catalog.snapshot import FORMAT, VERSION, SnapshotDir, decode, encode, fingerprint
+from aggregator.catalog.snapshot import FORMAT, VERSION, SnapshotDir, SnapshotError, decode, encode, fingerprint
 from aggregator.catalog.store import CatalogStore
 from aggregator.config import AggregatorConfig, ConfigError, parse_config
 from aggregator.files import write_atomically
@@ -178,6 +180,28 @@ def test_semantically_bad_documents_are_ignored(tmp_path: Path) -> None:
         write_atomically(snapshots.path("kit"), json.dumps(document).encode())
         outcome = snapshots.read("kit", "sha256:x", DAY, lambda _: False)
         assert outcome.catalog is None and outcome.problem, document
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+_KEYS = ["format", "version", "server", "fingerprint", "listed_at", "server_info", "instructions", "tools"]
+_KEYS += ["prompts", "resources", "resource_templates"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=st.sampled_from(_KEYS), value=_JSON, entry=_JSON, garbage=_JSON)
+def test_fuzzed_documents_decode_or_raise_snapshot_error(key: str, value: Any, entry: Any, garbage: Any) -> None:
+    """Whatever a snapshot file holds, reading it gives a catalog or a SnapshotError, nothing else."""
+    document = encode(sample_catalog(), "sha256:x")
+    for candidate in (garbage, {**document, key: value}, {**document, "tools": [entry]}, {**document, key: [entry]}):
+        try:
+            catalog, _ = decode(candidate, "kit", hide=lambda name: name.startswith("z"))
+        except SnapshotError:
+            continue
+        assert catalog.is_snapshot and all(tool.input_schema.get("type") == "object" for tool in catalog.tools)
 
 
 def test_unreadable_changed_and_old_snapshots_are_not_used(tmp_path: Path) -> None:
