@@ -526,4 +526,8 @@ def test_refresh_names_and_list_upstreams_columns(tmp_path: Path) -> None:
     assert rows["beta"]["snapshot_tools"] is None
     table = run("list-upstreams").stdout
     assert "snapshot" in table.splitlines()[1] and "tools, " in table
-    assert (spawns(logs["alpha"]), spawns(logs["beta"])) == (1, 0)  # listing starts nothing
+    searched = run("search", "add two numbers", "--limit", "3")
+    assert searched.returncode == 0
+    assert searched.stdout.splitlines()[2].split()[2:4] == ["alpha", "add"]  # the top row, from the snapshot
+    assert "(from catalog snapshots, not started yet: alpha)" in searched.stdout
+    assert (spawns(logs["alpha"]), spawns(logs["beta"])) == (1, 0)  # listing and searching start nothing

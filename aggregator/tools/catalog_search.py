@@ -228,6 +228,9 @@ def format_results_table(payload: Mapping[str, Any]) -> str:
         lines.append("no matching tools")
     if payload.get("truncated"):
         lines.append("(truncated: more results did not fit max_result_bytes)")
+    snapshots = sorted({str(r["server"]) for r in results if r.get("tool") and r.get("catalog_loaded") is False})
+    if snapshots:
+        lines.append(f"(from catalog snapshots, not started yet: {', '.join(snapshots)})")
     for failure in payload.get("failed") or []:
         lines.append(f"failed to load {failure['server']}: {failure['reason']}: {failure['message']}")
     return "\n".join(lines)
