@@ -33,6 +33,13 @@ started and listed in-process by `UpstreamPool.start_all`, with a data dir
 (each listing then written to disk in a worker thread) and without,
 interleaved; and the time of one snapshot write itself.
 
+With `--official`, the upstreams are the official MCP servers that
+`.ci/install-servers` puts under `.ci/servers/` (server-everything through npx,
+filesystem, memory, time, git), each configured `--upstreams / 5` times under
+numbered names, with five hand-written queries whose right tool is known;
+upstreams started are then counted from `catalog_list_servers` (states ready
+or starting) instead of testkit's spawn logs.
+
 Every query runs `--rounds` times in each mode, interleaved so that the noise
 of a shared machine hits all modes alike; figures are medians with the
 interquartile range. Also printed: the aggregator's start-up (spawn to `initialize` answered), which
@@ -62,6 +69,14 @@ from aggregator.config import AggregatorConfig, load_config
 from aggregator.upstream.pool import UpstreamPool
 
 ROOT = Path(__file__).resolve().parent.parent
+OFFICIAL = ROOT / ".ci" / "servers"
+OFFICIAL_QUERIES = [  # (query, kind of server, right tool)
+    ("convert a time between time zones", "time", "convert_time"),
+    ("sum of two numbers", "everything", "get-sum"),
+    ("what time is it in Tokyo", "time", "get_current_time"),
+    ("read the contents of a text file", "filesystem", "read_text_file"),
+    ("create entities in the knowledge graph", "memory", "create_entities"),
+]
 DATASET = ROOT.parent / "shared" / "data" / "toolsearch" / "livemcpbench.json"
 TESTKIT = str(ROOT / "examples" / "testkit.py")
 TOP = 3
@@ -130,6 +145,46 @@ def write_setup(directory: Path, servers: list[dict[str, Any]], delay: float) ->
     return config, logs
 
 
+def official_setup(directory: Path, count: int) -> tuple[Path, list[dict[str, Any]]]:
+    """A config of the official servers, each kind `count / 5` times, and queries with their gold tools."""
+    node = OFFICIAL / "node"
+    packages = node / "node_modules" / "@modelcontextprotocol"
+    py_bin = OFFICIAL / "py" / "bin"
+    if not (packages.is_dir() and (OFFICIAL / "py" / ".installed").is_file()):
+        raise SystemExit(f"official servers not installed under {OFFICIAL}: run .ci/install-servers")
+    repo = directory / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=bench", "-c", "user.email=bench@example.invalid"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / "README").write_text("bench\n")
+    subprocess.run([*git, "add", "README"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "first"], check=True)
+    kinds: dict[str, dict[str, Any]] = {
+        "everything": {"command": "npx", "args": ["--no", "mcp-server-everything", "stdio"], "cwd": str(node)},
+        "filesystem": {"command": "node", "args": [str(packages / "server-filesystem/dist/index.js"), str(repo)]},
+        "memory": {
+            "command": "node",
+            "args": [str(packages / "server-memory/dist/index.js")],
+            "env": {"MEMORY_FILE_PATH": str(directory / "memory.jsonl")},
+        },
+        "time": {"command": str(py_bin / "mcp-server-time"), "args": ["--local-timezone", "UTC"]},
+        "git": {"command": str(py_bin / "mcp-server-git"), "args": ["--repository", str(repo)]},
+    }
+    copies = max(1, count // len(kinds))
+    upstreams = {
+        f"{kind}-{i}": {**entry, "timeouts": {"connect": 120}}
+        for kind, entry in kinds.items()
+        for i in range(1, copies + 1)
+    }
+    config = directory / "aggregator.yaml"
+    config.write_text(json.dumps({"upstreams": upstreams}, indent=1))
+    queries = [
+        {"query": query, "gold": [[f"{kind}-{i}", tool] for i in range(1, copies + 1)]}
+        for query, kind, tool in OFFICIAL_QUERIES
+    ]
+    return config, queries
+
+
 def spawned(logs: list[Path]) -> int:
     return sum(len(log.read_text().splitlines()) for log in logs if log.exists())
 
@@ -165,6 +220,11 @@ class Aggregator:
             if message.get("id") == self.next_id:
                 return dict(message["result"])
 
+    def started(self) -> int:
+        """Upstreams this aggregator has started (ready or starting), from catalog_list_servers."""
+        result = self.request("tools/call", {"name": "catalog_list_servers", "arguments": {}})
+        return sum(s["state"] in ("ready", "starting") for s in result["structuredContent"]["servers"])
+
     def search(self, query: str, load: bool) -> tuple[float, list[dict[str, Any]]]:
         started = time.perf_counter()
         arguments = {"query": query, "limit": 8, "load": load}
@@ -192,7 +252,7 @@ def run_cold(config: Path, work: Path, logs: list[Path], query: dict[str, Any]) 
         if not useful(results, gold):
             second, results = agg.search(query["query"], load=True)
             total, answered_by = first + second, "load: true"
-        spawn_count = spawned(logs) - before
+        spawn_count = spawned(logs) - before if logs else agg.started()
         repeat = statistics.median(agg.search(query["query"], load=False)[0] for _ in range(5))
         return {
             "startup": agg.startup,
@@ -226,7 +286,7 @@ def run_snapshot(config: Path, data_dir: Path, logs: list[Path], query: dict[str
         return {
             "startup": agg.startup,
             "first_useful": elapsed if useful(results, gold) else None,
-            "spawned": spawned(logs) - before,
+            "spawned": spawned(logs) - before if logs else agg.started(),
         }
     finally:
         agg.close()
@@ -322,20 +382,28 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=2, help="repetitions of every query in every mode")
     parser.add_argument("--startup-delay", type=float, default=0.0, help="seconds each upstream sleeps at start")
+    parser.add_argument("--official", action="store_true", help="the official MCP servers under .ci/servers")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if not DATASET.exists():
-        print(f"dataset not found: {DATASET} (needs ../shared/data)", file=sys.stderr)
-        return 2
-    dataset = json.loads(DATASET.read_text(encoding="utf-8"))
-    servers = pick_servers(dataset, args.upstreams)
-    queries = pick_queries(dataset, servers, args.queries)
     with tempfile.TemporaryDirectory(prefix="snapshot-bench-") as tmp:
         work = Path(tmp)
-        config, logs = write_setup(work, servers, args.startup_delay)
+        logs: list[Path] = []
+        if args.official:
+            config, queries = official_setup(work, args.upstreams)
+        else:
+            if not DATASET.exists():
+                print(f"dataset not found: {DATASET} (needs ../shared/data)", file=sys.stderr)
+                return 2
+            dataset = json.loads(DATASET.read_text(encoding="utf-8"))
+            servers = pick_servers(dataset, args.upstreams)
+            queries = pick_queries(dataset, servers, args.queries)
+            config, logs = write_setup(work, servers, args.startup_delay)
         data_dir = work / "snapshots"
         refresh = [sys.executable, "-m", "aggregator", "refresh", "--config", str(config), "--data-dir", str(data_dir)]
         subprocess.run(refresh, check=True, capture_output=True, timeout=600)
+        snapshot_files = sorted((data_dir / "catalogs").glob("*.json"))
+        upstream_count = len(snapshot_files)
+        tools = sum(len(json.loads(path.read_text())["tools"]) for path in snapshot_files)
         cold, warm_first, snap = [], [], []
         for query in [q for _ in range(args.rounds) for q in queries]:  # interleaved: noise hits all alike
             cold.append(run_cold(config, work, logs, query))
@@ -343,9 +411,9 @@ def main() -> int:
             snap.append(run_snapshot(config, data_dir, logs, query))
         cpu = first_search_cpu(config, data_dir, queries, args.rounds)
         loads = load_cost(config, work, args.rounds)
-    tools = sum(len(clean_catalog(s).tools) for s in servers)
     summary = {
-        "upstreams": len(servers),
+        "official_servers": args.official,
+        "upstreams": upstream_count,
         "tools": tools,
         "queries": len(queries),
         "rounds": args.rounds,
@@ -383,7 +451,8 @@ def main() -> int:
         return 0
     w, s = summary["without_snapshots"], summary["with_snapshots"]
     print(
-        f"{len(servers)} upstreams, {tools} tools, {len(queries)} queries x {args.rounds} rounds "
+        f"{upstream_count} {'official ' if args.official else ''}upstreams, {tools} tools, "
+        f"{len(queries)} queries x {args.rounds} rounds "
         f"(medians, interquartile range in brackets; upstream start-up delay {args.startup_delay:g} s)"
     )
     rows = [
@@ -407,7 +476,7 @@ def main() -> int:
         f"(ratio {cpu['snapshot'] / cpu['warm']:.2f})"
     )
     print(
-        f"starting and listing all {len(servers)} upstreams in-process: {ms(loads['with'])} writing snapshots, "
+        f"starting and listing all {upstream_count} upstreams in-process: {ms(loads['with'])} writing snapshots, "
         f"{ms(loads['without'])} without; one snapshot write (in a worker thread) {ms(loads['write'])}"
     )
     ratio = summary["snapshot_vs_warm"]
