@@ -1,5 +1,5 @@
-"""Command line: `aggregator serve`, `aggregator list-upstreams`, `aggregator search`, and the
-commands of `aggregator.commands` (tools, describe, call, doctor, import, install, uninstall).
+"""Command line: `aggregator serve`, `aggregator list-upstreams`, `aggregator search`, `aggregator refresh`,
+and the commands of `aggregator.commands` (tools, describe, call, doctor, import, install, uninstall).
 
 Every command loads the config the same way (DESIGN §1); a broken config
 prints one line naming the file, the key and the fix, and exits with code 2.
@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 
 from aggregator import __version__
+from aggregator.catalog.model import age_text
 from aggregator.commands import register_commands
 from aggregator.config import AggregatorConfig, ConfigError, load_config
 from aggregator.log import configure_logging, get_logger
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=8765, help="HTTP port (default 8765)")
     serve.add_argument("--allow-host", action="append", default=[], help="extra Host header value to accept")
-    serve.add_argument("--data-dir", type=Path, help="where persistent search indexes live")
+    serve.add_argument("--data-dir", type=Path, help="where persistent search indexes and catalog snapshots live")
 
     upstreams = sub.add_parser("list-upstreams", parents=[common], help="show configured upstreams")
     upstreams.add_argument("--probe", action="store_true", help="start every upstream concurrently and report")
@@ -78,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--load", action="store_true", help="start upstreams whose catalogs are not loaded")
     search.add_argument("--limit", type=int, default=8)
     search.add_argument("--json", action="store_true", help="print the tool's JSON result")
+
+    refresh = sub.add_parser(
+        "refresh", parents=[common], help="start upstreams, rewrite their catalog snapshots, stop them"
+    )
+    refresh.add_argument("names", nargs="*", metavar="NAME", help="upstreams to refresh (default: all)")
+    refresh.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    for command in (upstreams, search, refresh):
+        command.add_argument("--data-dir", type=Path, help="where catalog snapshots live")
     register_commands(sub, common)  # tools, describe, call, doctor, import, install, uninstall
     return parser
 
@@ -115,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "serve": _serve,
         "list-upstreams": _list_upstreams,
         "search": _search,
+        "refresh": _refresh,
     }
     return _run(getattr(args, "handler", None) or commands[args.command], args, config, settings)
 
@@ -169,7 +179,7 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
     async with anyio.create_task_group() as tg:
         tg.start_soon(_stop_on_signal, tg.cancel_scope)
         watch = Path(config.source) if Path(config.source).is_file() else None  # not the built-in default
-        async with UpstreamPool.running(config, watch=watch) as pool:
+        async with UpstreamPool.running(config, data_dir, watch=watch) as pool:
             server = AggregatorServer(
                 pool, data_dir=data_dir, max_result_bytes=config.max_result_bytes, search_max_k=settings.search_max_k
             )
@@ -220,7 +230,7 @@ async def _stop_on_signal(scope: anyio.CancelScope) -> None:
 async def _list_upstreams(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
     from aggregator.upstream.pool import UpstreamPool
 
-    async with UpstreamPool.running(config) as pool:
+    async with UpstreamPool.running(config, _data_dir(args, settings)) as pool:
         started = time.monotonic()
         if args.probe:
             with progress_line("probing upstreams", len(pool.upstream_names())) as advance:
@@ -231,7 +241,8 @@ async def _list_upstreams(args: argparse.Namespace, config: AggregatorConfig, se
         print(json.dumps({"config": config.source, "upstreams": rows}, indent=2, ensure_ascii=False))
     else:
         print(f"config: {config.source}")
-        print(_table(rows, ["name", "transport", "state", "tools", "catalog_age", "handshake", "last_error"]))
+        columns = ["name", "transport", "state", "tools", "catalog_age", "handshake", "snapshot", "last_error"]
+        print(_table(rows, columns))
         if args.probe:
             failed = [row for row in rows if row["state"] not in ("ready",)]
             print(f"\nprobed {len(rows)} upstreams in {elapsed:.2f}s; {len(rows) - len(failed)} ready")
@@ -255,7 +266,17 @@ def _status_row(status: Any) -> dict[str, Any]:
         "handshake": None if status.handshake_seconds is None else round(status.handshake_seconds, 3),
         "last_error": status.last_error,
         "stderr_tail": status.stderr_tail,
+        "snapshot_tools": status.snapshot_tool_count,
+        "snapshot_age": None if status.snapshot_age is None else round(status.snapshot_age, 1),
+        "snapshot": _snapshot_cell(status),
     }
+
+
+def _snapshot_cell(status: Any) -> str | None:
+    """`12 tools, 3h old`, or why there is no usable snapshot."""
+    if status.snapshot_tool_count is not None:
+        return f"{status.snapshot_tool_count} tools, {age_text(status.snapshot_age or 0.0)} old"
+    return f"ignored: {status.snapshot_note}" if status.snapshot_note else None
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
@@ -274,7 +295,7 @@ async def _search(args: argparse.Namespace, config: AggregatorConfig, settings: 
     from aggregator.tools.catalog_search import format_results_table, search_tools
     from aggregator.upstream.pool import UpstreamPool
 
-    async with UpstreamPool.running(config) as pool:
+    async with UpstreamPool.running(config, _data_dir(args, settings)) as pool:
         index = ToolSearchIndex()
         for name in pool.upstream_names():
             index.set_server_metadata(name, *pool.metadata(name))
@@ -294,6 +315,69 @@ async def _search(args: argparse.Namespace, config: AggregatorConfig, settings: 
     else:
         print(format_results_table(payload))
     return EXIT_USAGE if result.is_error else 0
+
+
+# ---------------------------------------------------------------- refresh
+
+
+async def _refresh(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
+    """Start the named upstreams (default: all) concurrently, rewrite their snapshots, stop them."""
+    from aggregator.upstream.pool import UpstreamPool
+
+    names = _resolve_names(config, args.names)
+    if isinstance(names, str):
+        print(f"aggregator: {names}", file=sys.stderr)
+        return EXIT_USAGE
+    data_dir = _data_dir(args, settings)
+    async with UpstreamPool.running(config, data_dir) as pool:
+        started = time.monotonic()
+        outcome = await pool.start_all(names)
+        await pool.flush_snapshots()
+        elapsed = time.monotonic() - started
+        rows = [_refresh_row(pool, name, fault) for name, fault in outcome.items()]
+    if args.json:
+        print(json.dumps({"config": config.source, "data_dir": str(data_dir), "upstreams": rows}, indent=2))
+    else:
+        print(f"snapshots: {data_dir / 'catalogs'}")
+        print(_table(rows, ["name", "state", "tools", "handshake", "snapshot"]))
+        done = sum(1 for row in rows if row["written"])
+        print(f"\nrefreshed {done} of {len(rows)} snapshots in {elapsed:.2f}s")
+    return 0 if all(row["written"] for row in rows) else 1
+
+
+def _resolve_names(config: AggregatorConfig, names: list[str]) -> list[str] | str:
+    """Configured names (matched ignoring case), or the message naming an unknown one."""
+    by_folded = {name.casefold(): name for name in config.upstreams}
+    unknown = [name for name in names if name.casefold() not in by_folded]
+    if unknown:
+        known = ", ".join(config.upstreams) or "none configured"
+        return f"no upstream named {', '.join(unknown)} (known: {known})"
+    return list(dict.fromkeys(by_folded[name.casefold()] for name in names)) or list(config.upstreams)
+
+
+def _refresh_row(pool: Any, name: str, fault: Any) -> dict[str, Any]:
+    status = pool.status(name)
+    path = pool.snapshot_writes.get(name)
+    if fault is not None:
+        snapshot = f"not refreshed: {fault.message}"
+    elif not pool.config.upstreams[name].snapshots:
+        snapshot = "not written: snapshots: false"
+    elif path is None:
+        snapshot = "not written (see the warning above)"
+    else:
+        snapshot = f"written: {path.name}"
+    return {
+        "name": name,
+        "state": "failed" if fault is not None else "ready",
+        "tools": status.tool_count,
+        "handshake": None if status.handshake_seconds is None else round(status.handshake_seconds, 3),
+        "snapshot": snapshot,
+        "written": fault is None and path is not None,
+    }
+
+
+def _data_dir(args: argparse.Namespace, settings: Settings) -> Path:
+    return resolve_data_dir(getattr(args, "data_dir", None), settings)
 
 
 if __name__ == "__main__":  # pragma: no cover

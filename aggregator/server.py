@@ -106,6 +106,9 @@ class AggregatorServer:
                 m for m in self.lowlevel.middleware if not isinstance(m, OpenTelemetryMiddleware)
             ]
         self.lowlevel.middleware.append(self._track_session)
+        for name, catalog in pool.store.loaded().items():  # snapshots: listed before anything starts
+            self._on_catalog(name, catalog)
+        self._changed = anyio.Event()  # no client has seen a list yet
         pool.store.subscribe(self._on_catalog)
         pool.on_reconfigure(self._reconfigured)
 

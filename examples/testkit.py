@@ -21,6 +21,9 @@ Flags:
   --spawn-log PATH     append one line per start (pid, tag, time)
   --ignore-cancel      keep running cancelled calls and send their results anyway
   --event-log PATH     append a line per notable event (cancellations) to this file
+  --catalog PATH       list the tools of this JSON file (a list, or an object with "tools") instead of
+                       the core tools; calling one answers with its name and arguments
+  --startup-delay S    sleep S seconds before serving, as a launcher (npx, uvx) would
 
 Tools: echo, add, image, structured, fail, slow, crash, stderr, big, set_tools, pid (see
 ``CORE_TOOLS``), plus noop_NNN, the names given to ``set_tools`` and, with ``--malformed``, the broken
@@ -340,6 +343,7 @@ class Testkit:
         width = max(3, len(str(opts.tools)))
         self.noop_names = [f"noop_{i:0{width}d}" for i in range(1, opts.tools + 1)]
         self.extra_names: list[str] = []
+        self.catalog = load_catalog(opts.catalog) if opts.catalog else None
         self.calls: dict[Any, Call] = {}
         self.calls_lock = threading.Lock()
         self.state_lock = threading.Lock()
@@ -448,7 +452,7 @@ class Testkit:
     def all_tools(self) -> list[dict[str, Any]]:
         with self.state_lock:
             extras = list(self.extra_names)
-        tools = list(CORE_TOOLS)
+        tools = list(CORE_TOOLS) if self.catalog is None else list(self.catalog)
         if self.opts.malformed:
             tools += MALFORMED_TOOLS
         tools += [echo_tool(name) for name in self.noop_names]
@@ -535,6 +539,8 @@ class Testkit:
         threading.Thread(target=self.run_call, args=(handler, args, call), daemon=True).start()
 
     def lookup_tool(self, name: Any) -> Callable[[dict[str, Any], Call], dict[str, Any] | None] | None:
+        if self.catalog is not None and any(tool.get("name") == name for tool in self.catalog):
+            return lambda args, _call: text_result(f"called {name} with {json.dumps(args, sort_keys=True)}")
         if name in self.tools:
             return self.tools[name]
         with self.state_lock:
@@ -658,12 +664,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--spawn-log", help="append one line per start to this file")
     parser.add_argument("--ignore-cancel", action="store_true", help="answer cancelled calls anyway")
     parser.add_argument("--event-log", help="append a line per notable event (cancellations) to this file")
+    parser.add_argument("--catalog", help="JSON file of tools to list instead of the core tools")
+    parser.add_argument("--startup-delay", type=float, default=0.0, help="seconds to sleep before serving")
     opts = parser.parse_args(argv)
     if opts.page_size < 0 or opts.tools < 0:
         parser.error("--page-size and --tools must not be negative")
     if opts.spawn_grandchild and not opts.pid_file:
         parser.error("--spawn-grandchild needs --pid-file")
     return opts
+
+
+def load_catalog(path: str) -> list[dict[str, Any]]:
+    """The tools of a `tools/list` dump: a list, or an object whose "tools" is one."""
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    tools = data.get("tools") if isinstance(data, dict) else data
+    if not isinstance(tools, list):
+        raise SystemExit(f"testkit: {path} holds no list of tools")
+    return [tool for tool in tools if isinstance(tool, dict)]
 
 
 def record_event(opts: argparse.Namespace, line: str) -> None:
@@ -704,6 +722,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     if opts.spawn_grandchild:
         spawn_grandchild(opts.pid_file, opts.grandchild_keeps_stdout)
+    if opts.startup_delay > 0:
+        time.sleep(opts.startup_delay)
     server = Testkit(opts, Wire(sys.stdout.buffer))
     for raw in sys.stdin.buffer:
         server.handle_line(raw)

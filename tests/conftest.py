@@ -197,3 +197,15 @@ def structured(result: Any) -> dict[str, Any]:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def private_data_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's aggregators (in-process or spawned) get their own default data dir.
+
+    The data dir holds catalog snapshots: without this, one test's snapshots
+    would be served to the next test whose config names the same upstream.
+    """
+    data_home = tmp_path_factory.mktemp("xdg-data")
+    monkeypatch.setenv("XDG_DATA_HOME", str(data_home))
+    return data_home / "aggregator"

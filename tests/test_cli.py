@@ -141,6 +141,7 @@ def test_list_upstreams_of_an_empty_config(tmp_path: Path, text: str) -> None:
         "tools",
         "catalog_age",
         "handshake",
+        "snapshot",
         "last_error",
     ]
 

@@ -7,11 +7,12 @@ never the whole list, and what survives is safe to republish to a client.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 SUMMARY_CHARS = 200
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)|[。！？]")
@@ -20,6 +21,14 @@ _ABBREVIATIONS = ("e.g", "i.e", "etc", "vs", "cf", "approx", "incl", "no")
 
 class MalformedEntry(ValueError):
     """An upstream entry that cannot be republished; the message says why."""
+
+
+def age_text(seconds: float) -> str:
+    """A rough age for people: 40s, 12m, 5h, 3d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
 
 
 def summarize(description: str | None) -> str:
@@ -135,6 +144,9 @@ class Catalog:
 
     `tools` holds every tool the upstream reported, those hidden by the
     allow/deny filters included (`hidden=True`); `exposed_tools` is what clients see.
+    `origin` says whether it was listed by the running upstream (`live`) or read
+    from an on-disk snapshot of an earlier listing (`snapshot`; `loaded_at` is
+    then when that listing happened).
     """
 
     server: str
@@ -144,6 +156,9 @@ class Catalog:
     resource_templates: tuple[ResourceTemplateEntry, ...] = ()
     loaded_at: float = field(default_factory=time.time)
     dropped: tuple[str, ...] = ()  # one line per malformed entry that was dropped
+    server_info: Mapping[str, Any] | None = None  # the upstream's serverInfo (camelCase wire dict)
+    instructions: str | None = None  # the upstream's `instructions` from its handshake
+    origin: Literal["live", "snapshot"] = "live"
     # Derived once (a catalog never changes): every call looks its tool up by name.
     _by_name: dict[str, ToolEntry] = field(init=False, repr=False, compare=False)
     _exposed: tuple[ToolEntry, ...] = field(init=False, repr=False, compare=False)
@@ -158,6 +173,18 @@ class Catalog:
 
     def tool(self, name: str) -> ToolEntry | None:
         return self._by_name.get(name)
+
+    @property
+    def is_snapshot(self) -> bool:
+        return self.origin == "snapshot"
+
+    def age(self, now: float | None = None) -> float:
+        """Seconds since this catalog was listed (by the upstream, for a snapshot too)."""
+        return max(0.0, (time.time() if now is None else now) - self.loaded_at)
+
+    def as_snapshot(self) -> Catalog:
+        """The same listing, marked as coming from a snapshot."""
+        return self if self.is_snapshot else dataclasses.replace(self, origin="snapshot")
 
 
 # ---------------------------------------------------------------- cleaning

@@ -16,7 +16,7 @@ from aggregator.catalog.store import CatalogStore
 class CatalogSource(Protocol):
     @property
     def store(self) -> CatalogStore:
-        """Loaded catalogs, and change events."""
+        """Current catalogs (live or from snapshots), and change events."""
         ...
 
     def upstream_names(self) -> list[str]:
@@ -36,7 +36,7 @@ class CatalogSource(Protocol):
         ...
 
     async def ensure_catalog(self, name: str) -> Catalog:
-        """The upstream's catalog, starting it if needed (single flight).
+        """The upstream's current catalog: live, or a snapshot (`is_snapshot`), else started (single flight).
 
         Raises `aggregator.faults.Fault` (`upstream_unavailable`, `timeout`, `unknown_server`).
         """

@@ -17,7 +17,7 @@ import mcp.types as types
 
 from aggregator.catalog.search import ToolSearchIndex
 from aggregator.config import AggregatorConfig
-from aggregator.settings import Settings
+from aggregator.settings import Settings, resolve_data_dir
 from aggregator.table import render_table
 from aggregator.tools.base import ToolContext, ToolResult
 from aggregator.tools.catalog import LIST_LIMIT_MAX, CatalogTools
@@ -69,7 +69,7 @@ def _family(pool: UpstreamPool, config: AggregatorConfig) -> CatalogTools:
 
 
 async def _tools(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    async with UpstreamPool.running(config) as pool:
+    async with UpstreamPool.running(config, resolve_data_dir(None, settings)) as pool:
         family = _family(pool, config)
         if args.server is None:
             result = _model(await family.list_servers({}, ToolContext()))
@@ -112,7 +112,7 @@ def _tools_table(payload: Mapping[str, Any]) -> str:
 
 
 async def _describe(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    async with UpstreamPool.running(config) as pool:
+    async with UpstreamPool.running(config, resolve_data_dir(None, settings)) as pool:
         family = _family(pool, config)
         result = _model(await family.describe_tool({"server": args.server, "tool": args.tool}, ToolContext()))
     return _print_payload(result, args.json, _description_text)
@@ -136,7 +136,7 @@ def _description_text(payload: Mapping[str, Any]) -> str:
 
 
 async def _call(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    async with UpstreamPool.running(config) as pool:
+    async with UpstreamPool.running(config, resolve_data_dir(None, settings)) as pool:
         family = _family(pool, config)
         schema: Mapping[str, Any] = {}
         if args.pairs:  # the schema says which values stay strings; the describe path proves the tool exists

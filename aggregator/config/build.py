@@ -45,7 +45,8 @@ def build_config(data: Any, ctx: Context) -> AggregatorConfig:
     section = _server_section(data, ctx)
     client_shape = section != "upstreams"
     _check_top_keys(data, client_shape, ctx)
-    timeouts, max_result_bytes = _build_defaults(data.get("defaults"), ctx)
+    defaults = _build_defaults(data.get("defaults"), ctx)
+    timeouts = _default_timeouts(defaults)
     servers = data.get(section)
     if servers is None:
         servers = {}
@@ -63,11 +64,11 @@ def build_config(data: Any, ctx: Context) -> AggregatorConfig:
         if isinstance(model, RawClientServer) and model.disabled:
             disabled.append(name)
             continue
-        upstreams[name] = _build_upstream(name, model, path, timeouts, ctx)
+        upstreams[name] = _build_upstream(name, model, path, timeouts, defaults, ctx)
     return AggregatorConfig(
         upstreams=upstreams,
         timeouts=timeouts,
-        max_result_bytes=max_result_bytes,
+        max_result_bytes=defaults.max_result_bytes,
         source=ctx.source,
         disabled=sorted(disabled),
     )
@@ -110,18 +111,21 @@ def _unknown_key_fix(suggestion: str | None, valid: Iterable[str]) -> str:
     return "remove it; valid keys here: " + ", ".join(sorted(valid))
 
 
-def _build_defaults(raw: Any, ctx: Context) -> tuple[Timeouts, int]:
+def _build_defaults(raw: Any, ctx: Context) -> RawDefaults:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ctx.error(("defaults",), "must be a mapping", "write defaults: {timeouts: {connect: 10, call: 60}}")
     model = _validate(RawDefaults, raw, ("defaults",), ctx)
     assert isinstance(model, RawDefaults)
-    timeouts = Timeouts(
+    return model
+
+
+def _default_timeouts(model: RawDefaults) -> Timeouts:
+    return Timeouts(
         connect=model.timeouts.connect if model.timeouts.connect is not None else DEFAULT_TIMEOUTS.connect,
         call=model.timeouts.call if model.timeouts.call is not None else DEFAULT_TIMEOUTS.call,
     )
-    return timeouts, model.max_result_bytes
 
 
 def _check_name(raw_name: Any, section: str, seen: dict[str, str], ctx: Context) -> str:
@@ -209,7 +213,9 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _build_upstream(name: str, raw: RawUpstream, path: KeyPath, timeouts: Timeouts, ctx: Context) -> UpstreamConfig:
+def _build_upstream(
+    name: str, raw: RawUpstream, path: KeyPath, timeouts: Timeouts, defaults: RawDefaults, ctx: Context
+) -> UpstreamConfig:
     client = raw if isinstance(raw, RawClientServer) else None
     url_key = "url"
     url = raw.url
@@ -252,6 +258,8 @@ def _build_upstream(name: str, raw: RawUpstream, path: KeyPath, timeouts: Timeou
             connect=raw.timeouts.connect if raw.timeouts.connect is not None else timeouts.connect,
             call=raw.timeouts.call if raw.timeouts.call is not None else timeouts.call,
         ),
+        snapshots=raw.snapshots if raw.snapshots is not None else defaults.snapshots,
+        snapshot_max_age=raw.snapshot_max_age if raw.snapshot_max_age is not None else defaults.snapshot_max_age,
     )
 
 

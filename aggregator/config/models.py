@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import re
 from fnmatch import fnmatchcase
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "BUILTIN_SOURCE",
+    "DEFAULT_SNAPSHOT_MAX_AGE",
     "NAME_PATTERN",
     "RESERVED_NAME",
     "AggregatorConfig",
+    "Duration",
     "Timeouts",
     "ToolFilter",
     "Transport",
@@ -54,6 +56,23 @@ class ToolFilter(BaseModel):
 
 DEFAULT_TIMEOUTS = Timeouts()
 
+DEFAULT_SNAPSHOT_MAX_AGE = 30 * 86400.0
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _duration(value: Any) -> Any:
+    """Seconds from a number or a string such as ``90s``, ``12h``, ``30d``, ``2w``; other input is left to pydantic."""
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or a string like 30d, not a boolean")
+    if isinstance(value, str) and (match := _DURATION.fullmatch(value)):
+        return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(_duration), Field(gt=0, allow_inf_nan=False)]
+"""Seconds, written as a number or as ``30d``, ``12h``, ``90m``, ``45s``, ``2w``."""
+
 
 class UpstreamPresentation(BaseModel):
     """Settings that read the same as written and resolved: what a server is, how its tools show."""
@@ -80,6 +99,8 @@ class UpstreamConfig(UpstreamPresentation):
     url: str | None = None
     headers: dict[str, str] = Field(default_factory=dict, repr=False)  # secrets: kept out of repr
     timeouts: Timeouts = Field(default_factory=Timeouts)
+    snapshots: bool = True  # keep the catalog on disk and serve it before the upstream starts
+    snapshot_max_age: Duration = DEFAULT_SNAPSHOT_MAX_AGE  # seconds; older snapshots are ignored
 
     @model_validator(mode="after")
     def _check(self) -> UpstreamConfig:

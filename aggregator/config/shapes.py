@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 from aggregator.config.errors import Context, KeyPath
-from aggregator.config.models import Transport, UpstreamPresentation
+from aggregator.config.models import DEFAULT_SNAPSHOT_MAX_AGE, Duration, Transport, UpstreamPresentation
 
 __all__ = [
     "EXAMPLE_HINT",
@@ -53,6 +53,8 @@ class RawDefaults(BaseModel):
 
     timeouts: RawTimeouts = Field(default_factory=RawTimeouts)
     max_result_bytes: int = Field(default=262144, ge=1024)
+    snapshots: bool = True
+    snapshot_max_age: Duration = DEFAULT_SNAPSHOT_MAX_AGE
 
 
 class RawUpstream(UpstreamPresentation):
@@ -68,6 +70,8 @@ class RawUpstream(UpstreamPresentation):
     headers: dict[str, str] = Field(default_factory=dict)
     transport: str | None = None
     timeouts: RawTimeouts = Field(default_factory=RawTimeouts)
+    snapshots: bool | None = None  # None: as under defaults:
+    snapshot_max_age: Duration | None = None
 
 
 class RawClientServer(RawUpstream):
@@ -104,6 +108,8 @@ FIX_HINTS: dict[str, str] = {
     "tools": "write tools as {allow: [glob, ...], deny: [glob, ...]}, e.g. tools: {deny: [delete_*]}",
     "timeouts": "give timeouts in seconds as positive numbers, e.g. timeouts: {connect: 10, call: 60}",
     "max_result_bytes": "give a whole number of bytes, at least 1024, e.g. max_result_bytes: 262144",
+    "snapshots": "use snapshots: true (keep catalogs on disk, the default) or snapshots: false",
+    "snapshot_max_age": "give a positive duration: seconds, or a number with s, m, h, d or w, e.g. 30d",
     "disabled": "use disabled: true or disabled: false",
     "envFile": "set envFile to the path of a NAME=value file",
     "autoApprove": "write autoApprove as a list of tool names (the aggregator ignores it)",

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from aggregator.files import fsync_dir
 from aggregator.textindex.engine import (
     AddOutcome,
     SearchOutcome,
@@ -92,20 +93,6 @@ def _connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make a new directory entry durable (POSIX; a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _write_new_file(path: Path, config: TokenizerConfig) -> None:
     """Build an empty index at a temporary name, then link it to `path` unless that exists."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -133,7 +120,7 @@ def _write_new_file(path: Path, config: TokenizerConfig) -> None:
             if path.exists():
                 raise IndexFileExists(str(path)) from None
             os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()

@@ -16,6 +16,7 @@ from typing import Any
 import mcp.types as types
 
 from aggregator.catalog.caps import dumps
+from aggregator.catalog.model import Catalog
 from aggregator.faults import Fault
 
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
@@ -77,3 +78,10 @@ def fault_result(fault: Fault) -> types.CallToolResult:
 
 
 READ_ONLY = {"readOnlyHint": True, "openWorldHint": False}
+
+
+def snapshot_fields(catalog: Catalog | None) -> dict[str, Any]:
+    """`{catalog_loaded: false, snapshot_age_s}` for an answer read from a snapshot, else nothing."""
+    if catalog is None or not catalog.is_snapshot:
+        return {}
+    return {"catalog_loaded": False, "snapshot_age_s": round(catalog.age())}

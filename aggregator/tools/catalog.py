@@ -16,9 +16,17 @@ from aggregator.catalog.model import Catalog, ToolEntry
 from aggregator.catalog.search import ToolSearchIndex
 from aggregator.catalog.symbols import classify_tool
 from aggregator.faults import Fault, invalid_argument
-from aggregator.tools.base import READ_ONLY, OwnTool, ToolContext, ToolResult, fault_result, json_result
+from aggregator.tools.base import (
+    READ_ONLY,
+    OwnTool,
+    ToolContext,
+    ToolResult,
+    fault_result,
+    json_result,
+    snapshot_fields,
+)
 from aggregator.tools.catalog_search import search_tool
-from aggregator.upstream.pool import UpstreamPool
+from aggregator.upstream.pool import UpstreamPool, require_tool
 
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 200
@@ -121,8 +129,9 @@ class CatalogTools:
     # ------------------------------------------------------------ handlers
 
     async def list_servers(self, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
-        servers = [
-            {
+        servers = []
+        for status in self.pool.statuses():
+            server = {
                 "name": status.name,
                 "description": status.description,
                 "capabilities": status.capabilities,
@@ -131,8 +140,10 @@ class CatalogTools:
                 "tool_count": status.tool_count,
                 "catalog_loaded": status.tool_count is not None,
             }
-            for status in self.pool.statuses()
-        ]
+            if status.tool_count is None and status.snapshot_tool_count is not None:
+                server["tool_count"] = status.snapshot_tool_count
+                server.update(snapshot_fields(self.pool.store.get(status.name)))
+            servers.append(server)
         payload = cap_list(servers, lambda items, cut: {"servers": items, "truncated": cut}, self.max_result_bytes)
         return json_result(payload)
 
@@ -148,13 +159,14 @@ class CatalogTools:
         def build(items: list[Any], cut: bool) -> dict[str, Any]:
             end = offset + len(items)
             more = end < total
-            return {"items": items, "total": total, "truncated": more, "next_offset": end if more else None}
+            page = {"items": items, "total": total, "truncated": more, "next_offset": end if more else None}
+            return page | snapshot_fields(catalog)
 
         return json_result(cap_list(page, build, self.max_result_bytes))
 
     async def describe_tool(self, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
         server = _require_str(arguments, "server")
-        tool = await self._tool(server, _require_str(arguments, "tool"))
+        tool, catalog = await self._tool(server, _require_str(arguments, "tool"))
         example_args = {key: f"<{key}>" for key in tool.required}
         payload = {
             "server": tool.server,
@@ -172,6 +184,7 @@ class CatalogTools:
                 "tool": "catalog_call_tool",
                 "arguments": {"server": tool.server, "tool": tool.name, "arguments": example_args},
             },
+            **snapshot_fields(catalog),
         }
         if json_size(payload) > self.max_result_bytes:
             raise Fault("result_too_large", f"the definition of {server}/{tool.name} exceeds max_result_bytes")
@@ -186,27 +199,36 @@ class CatalogTools:
                 args = {}
             if not isinstance(args, Mapping):
                 raise invalid_argument("'arguments' must be an object of the tool's arguments")
-            tool = await self._tool(server, name)  # proves the tool exists and resolves the server's case
+            tool, _ = await self._tool(server, name, live=True)  # proves the tool exists, resolves the case
             return await self.pool.call_tool(tool.server, tool.name, args, ctx.report_progress)
         except Fault as fault:
             return fault_result(fault)
 
     # ------------------------------------------------------------ lookups
 
-    async def _catalog(self, server: str) -> Catalog:
+    def _resolve(self, server: str) -> str:
         name = self.pool.resolve(server)
         if name is None:
             self.pool.connection(server)  # raises unknown_server with the known names
-        return await self.pool.ensure_catalog(name or server)
+        return name or server
 
-    async def _tool(self, server: str, tool: str) -> ToolEntry:
-        catalog = await self._catalog(server)
+    async def _catalog(self, server: str) -> Catalog:
+        """The server's current catalog (a snapshot will do), starting it if there is none."""
+        return await self.pool.ensure_catalog(self._resolve(server))
+
+    async def _tool(self, server: str, tool: str, *, live: bool = False) -> tuple[ToolEntry, Catalog]:
+        """The exposed tool and the catalog it came from (`live`: the running upstream's), or `unknown_tool`.
+
+        Only a live catalog proves a tool absent: one missing from a snapshot is
+        looked up again in the live catalog (which starts the upstream).
+        """
+        name = self._resolve(server)
+        before = self.pool.store.get(name)  # a snapshot that the live load below may replace
+        catalog = await (self.pool.ensure_live_catalog(name) if live else self.pool.ensure_catalog(name))
         entry = catalog.tool(tool)
-        if entry is None or entry.hidden:
-            near = [t.name for t in catalog.exposed_tools if tool.lower() in t.name.lower()][:5]
-            hint = f"; similar: {', '.join(near)}" if near else "; see catalog_list_tools"
-            raise Fault("unknown_tool", f"{catalog.server} has no tool {tool!r}{hint}")
-        return entry
+        if (entry is None or entry.hidden) and catalog.is_snapshot:
+            catalog = await self.pool.ensure_live_catalog(name)
+        return require_tool(catalog, tool, before), catalog
 
 
 # ---------------------------------------------------------------- helpers

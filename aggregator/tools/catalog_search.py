@@ -15,12 +15,12 @@ import anyio
 import mcp.types as types
 
 from aggregator.catalog.caps import cap_list
-from aggregator.catalog.model import summarize
+from aggregator.catalog.model import Catalog, summarize
 from aggregator.catalog.search import Hit, ServerHit, ToolSearchIndex
 from aggregator.catalog.source import CatalogSource
 from aggregator.faults import Fault, invalid_argument
 from aggregator.table import render_table
-from aggregator.tools.base import READ_ONLY, OwnTool, ToolContext, fault_result, json_result
+from aggregator.tools.base import READ_ONLY, OwnTool, ToolContext, fault_result, json_result, snapshot_fields
 
 TOOL_NAME = "catalog_search_tools"
 LIMIT_DEFAULT = 8
@@ -33,9 +33,10 @@ DESCRIPTION = (
     "descriptions, tool names, titles, descriptions, argument names and annotations. Write what you "
     "want to do ('convert a time between time zones') or keywords ('git diff'). Results give server, "
     "tool, a one-line summary, argument names and a score; call the tool with catalog_call_tool "
-    "(catalog_describe_tool shows its schema). Servers not started yet match on their name and "
-    "description as server-level results (tool: null); pass load: true to start them and search "
-    "their tools too (slower; servers that fail to start are listed under 'failed')."
+    "(catalog_describe_tool shows its schema). Tools of servers not started yet come from their last "
+    "catalog snapshot (catalog_loaded: false, snapshot_age_s); servers with no snapshot match on their "
+    "name and description as server-level results (tool: null); pass load: true to start those and "
+    "search their tools too (slower; servers that fail to start are listed under 'failed')."
 )
 
 INPUT_SCHEMA: dict[str, Any] = {
@@ -131,9 +132,10 @@ def _sync_metadata(source: CatalogSource, index: ToolSearchIndex) -> None:
 
 
 async def load_unloaded(source: CatalogSource) -> list[dict[str, str]]:
-    """Start, concurrently and once each, every upstream whose catalog is not loaded.
+    """Start, concurrently and once each, every upstream with no catalog, live or snapshot.
 
-    Upstreams inside their backoff window are not started. Returns what could not
+    A snapshot already makes an upstream's tools searchable, so it is not
+    started for a search. Upstreams inside their backoff window are not started. Returns what could not
     be loaded, sorted by server: `{server, reason, message}`.
     """
     failed: list[dict[str, str]] = []
@@ -166,7 +168,8 @@ def rank(
 ) -> list[dict[str, Any]]:
     """The best `limit` results: tools of loaded catalogs, and with `with_servers` unloaded upstreams."""
     ranked: list[tuple[float, str, str, dict[str, Any]]] = [
-        (hit.score, hit.server, hit.tool, tool_result(hit)) for hit in index.search(query, limit)
+        (hit.score, hit.server, hit.tool, tool_result(hit, source.store.get(hit.server)))
+        for hit in index.search(query, limit)
     ]
     if with_servers:
         unloaded = [name for name in source.upstream_names() if source.store.get(name) is None]
@@ -175,9 +178,10 @@ def rank(
     return [item[3] for item in ranked[:limit]]
 
 
-def tool_result(hit: Hit) -> dict[str, Any]:
+def tool_result(hit: Hit, catalog: Catalog | None = None) -> dict[str, Any]:
+    """A tool-level result; one from a snapshot says so (`catalog_loaded: false`, `snapshot_age_s`)."""
     entry = hit.entry
-    return {
+    result = {
         "server": hit.server,
         "tool": hit.tool,
         "title": entry.title,
@@ -186,6 +190,7 @@ def tool_result(hit: Hit) -> dict[str, Any]:
         "score": round(hit.score, SCORE_DIGITS),
         "catalog_loaded": True,
     }
+    return result | snapshot_fields(catalog)
 
 
 def server_result(hit: ServerHit) -> dict[str, Any]:
@@ -223,6 +228,9 @@ def format_results_table(payload: Mapping[str, Any]) -> str:
         lines.append("no matching tools")
     if payload.get("truncated"):
         lines.append("(truncated: more results did not fit max_result_bytes)")
+    snapshots = sorted({str(r["server"]) for r in results if r.get("tool") and r.get("catalog_loaded") is False})
+    if snapshots:
+        lines.append(f"(from catalog snapshots, not started yet: {', '.join(snapshots)})")
     for failure in payload.get("failed") or []:
         lines.append(f"failed to load {failure['server']}: {failure['reason']}: {failure['message']}")
     return "\n".join(lines)

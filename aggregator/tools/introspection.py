@@ -13,7 +13,10 @@ for every well-formed call, including these decisions of ours:
 - an unscoped answer ends, after a blank line, with
   `Not searched (catalog not loaded): a, b. Pass package=NAME to load and search one.`
   when some configured upstream's catalog is not loaded (both tools: a "not
-  found" must never be silently incomplete); the line is absent when all are loaded.
+  found" must never be silently incomplete); the line is absent when all are loaded;
+- catalogs read from on-disk snapshots (upstream not started yet) are searched
+  like loaded ones, and the answer ends with
+  `From snapshots (not started yet): a (3h old), b (2d old).`
 
 A malformed call (a required argument missing, an argument of the wrong JSON
 type) is the caller's bug, not a lookup result: it answers
@@ -33,7 +36,7 @@ import mcp.types as types
 import structlog
 
 from aggregator.catalog.caps import DEFAULT_MAX_RESULT_BYTES
-from aggregator.catalog.model import Catalog, MalformedEntry, ToolEntry, clean_tool
+from aggregator.catalog.model import Catalog, MalformedEntry, ToolEntry, age_text, clean_tool
 from aggregator.catalog.source import CatalogSource
 from aggregator.catalog.symbols import (
     AGGREGATOR_PACKAGE,
@@ -179,20 +182,25 @@ class TableCache:
 
 @dataclass(frozen=True, slots=True)
 class Scope:
-    """What one call searches: a table, a package or None (unscoped), and the unloaded upstreams."""
+    """What one call searches: a table, a package or None (unscoped), the unloaded upstreams and the snapshots."""
 
     table: SymbolTable
     package: str | None
     unloaded: tuple[str, ...]
+    snapshots: tuple[Catalog, ...] = ()  # searched catalogs that come from snapshots
 
     def finish(self, lines: list[str]) -> str:
-        """The answer text: `lines`, then the not-loaded note of an unscoped call, after one blank line."""
+        """The answer text: `lines`, then the not-loaded and snapshot notes, after one blank line."""
+        notes = []
         if self.package is None and self.unloaded:
-            if lines[-1] != "":
-                lines.append("")
             names = ", ".join(self.unloaded)
-            lines.append(f"Not searched (catalog not loaded): {names}. Pass package=NAME to load and search one.")
-        return "\n".join(lines)
+            notes.append(f"Not searched (catalog not loaded): {names}. Pass package=NAME to load and search one.")
+        if self.snapshots:
+            ages = ", ".join(f"{c.server} ({age_text(c.age())} old)" for c in self.snapshots)
+            notes.append(f"From snapshots (not started yet): {ages}.")
+        if notes and lines[-1] != "":
+            lines.append("")
+        return "\n".join(lines + notes)
 
 
 async def open_scope(source: CatalogSource, own_tools: OwnTools, cache: TableCache, package: str | None) -> Scope | str:
@@ -200,7 +208,8 @@ async def open_scope(source: CatalogSource, own_tools: OwnTools, cache: TableCac
     catalogs = dict(source.store.loaded())
     if package is None:
         unloaded = tuple(n for n in source.upstream_names() if n not in catalogs)
-        return Scope(cache.table(catalogs, own_tools()), None, unloaded)
+        snapshots = tuple(c for c in catalogs.values() if c.is_snapshot)
+        return Scope(cache.table(catalogs, own_tools()), None, unloaded, snapshots)
     if package.casefold() == AGGREGATOR_PACKAGE:
         return Scope(cache.table(catalogs, own_tools()), AGGREGATOR_PACKAGE, ())
     canonical = source.resolve(package)
@@ -215,7 +224,8 @@ async def open_scope(source: CatalogSource, own_tools: OwnTools, cache: TableCac
             return f"Package {package} could not be loaded: {fault.message} ({fault.reason})"
         catalogs = dict(source.store.loaded())
         catalogs.setdefault(canonical, loaded)
-    return Scope(cache.table(catalogs, own_tools()), canonical, ())
+    scoped = catalogs[canonical]
+    return Scope(cache.table(catalogs, own_tools()), canonical, (), (scoped,) if scoped.is_snapshot else ())
 
 
 # ---------------------------------------------------------------- the tools

@@ -86,6 +86,7 @@ class UpstreamConnection:
         self.last_error: str | None = None
         self.handshake_seconds: float | None = None
         self.server_info: types.Implementation | None = None
+        self.instructions: str | None = None
         self.stderr = StderrTail(config.name)
         self._run: _Run | None = None  # the latest start; older runs may still be tearing down
         self._failures = 0
@@ -98,7 +99,8 @@ class UpstreamConnection:
 
     @property
     def catalog(self) -> Catalog | None:
-        return self._store.get(self.name)
+        """The live catalog (None while not running, even when a snapshot is current)."""
+        return self._store.live(self.name)
 
     def in_backoff(self) -> bool:
         return self.state is State.BACKOFF and time.monotonic() < self._retry_at
@@ -151,6 +153,7 @@ class UpstreamConnection:
                     session = await stack.enter_async_context(self._new_session(run, handle))
                     init = await session.initialize()
                     self.server_info = init.server_info
+                    self.instructions = init.instructions
                     catalog = await self._list_catalog(session)
                     run.scope.deadline = math.inf
                     if self._stopping:
@@ -256,6 +259,8 @@ class UpstreamConnection:
             resources=clean_all(resources, clean_resource, never),
             resource_templates=clean_all(templates, clean_resource_template, never),
             dropped=tuple(dropped),
+            server_info=self.server_info.model_dump(by_alias=True, exclude_none=True) if self.server_info else None,
+            instructions=self.instructions,
         )
 
     async def _handle_message(self, run: _Run, message: Any) -> None:

@@ -1,7 +1,14 @@
-"""All upstreams: lookup, parallel start, and a shutdown that leaves no child behind.
+"""All upstreams: lookup, parallel start, snapshots, and a shutdown that leaves no child behind.
 
-The pool owns one task group; every upstream's owner task, catalog refresh and
-eager start lives in it, so leaving `UpstreamPool.running()` ends them all.
+The pool owns one task group; every upstream's owner task, catalog refresh,
+eager start and snapshot write lives in it, so leaving `UpstreamPool.running()`
+ends them all.
+
+Snapshots (given a data dir): at construction the store is seeded from every
+valid snapshot, so search, list, describe and introspection answer before
+anything starts. Each live listing is written back to disk in a worker
+thread, off the path of the load and of any call; writes of one upstream are
+coalesced (only the latest listing is written).
 """
 
 from __future__ import annotations
@@ -15,10 +22,12 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 
-from aggregator.catalog.model import Catalog
+from aggregator.catalog.model import Catalog, ToolEntry, age_text
+from aggregator.catalog.snapshot import SnapshotDir, fingerprint
 from aggregator.catalog.store import CatalogStore
-from aggregator.config import AggregatorConfig
+from aggregator.config import AggregatorConfig, ToolFilter
 from aggregator.config.watch import watch_config
 from aggregator.faults import Fault
 from aggregator.log import get_logger
@@ -43,14 +52,24 @@ class UpstreamStatus:
     handshake_seconds: float | None
     last_error: str | None
     stderr_tail: list[str]
+    snapshot_tool_count: int | None = None  # the snapshot kept for this upstream (None: none)
+    snapshot_age: float | None = None  # seconds since the snapshot's listing
+    snapshot_note: str | None = None  # why no snapshot is used (corrupt, definition changed, too old)
 
 
 class UpstreamPool:
     """Implements `aggregator.catalog.source.CatalogSource` over real connections."""
 
-    def __init__(self, config: AggregatorConfig, task_group: anyio.abc.TaskGroup) -> None:
+    def __init__(self, config: AggregatorConfig, task_group: anyio.abc.TaskGroup, data_dir: Path | None = None) -> None:
+        """`data_dir`: where catalog snapshots live; None keeps no snapshots at all."""
         self.config = config
-        self._store = CatalogStore()
+        self.snapshots = SnapshotDir(data_dir) if data_dir is not None else None
+        self._fingerprints = {
+            name: fingerprint(upstream)
+            for name, upstream in config.upstreams.items()
+            if self.snapshots is not None and upstream.snapshots
+        }
+        self._store = CatalogStore(snapshot_servers=self._fingerprints)
         self._connections = {
             name: UpstreamConnection(upstream, self._store, task_group) for name, upstream in config.upstreams.items()
         }
@@ -60,16 +79,25 @@ class UpstreamPool:
         self._retiring: set[UpstreamConnection] = set()
         self._reconfigure_listeners: list[Callable[[ConfigDiff], None]] = []
         self._closing = False
+        self._snapshot_notes: dict[str, str] = {}
+        self._unwritten: dict[str, Catalog] = {}  # the latest live listing not yet written, per upstream
+        self._writers: set[str] = set()  # upstreams whose writer task runs
+        self.snapshot_writes: dict[str, Path | None] = {}  # the outcome of each upstream's last write
+        self._seed_snapshots(self._fingerprints)
+        self._store.subscribe(self._on_catalog)
 
     @classmethod
     @asynccontextmanager
-    async def running(cls, config: AggregatorConfig, *, watch: Path | None = None) -> AsyncIterator[UpstreamPool]:
+    async def running(
+        cls, config: AggregatorConfig, data_dir: Path | None = None, *, watch: Path | None = None
+    ) -> AsyncIterator[UpstreamPool]:
         """A pool whose upstreams are all stopped (process groups included) on exit.
 
-        With `watch`, edits of that config file (and SIGHUP) are applied while it runs (`apply_config`).
+        `data_dir`: where catalog snapshots live (None: none). With `watch`, edits of that config
+        file (and SIGHUP) are applied while it runs (`apply_config`).
         """
         async with anyio.create_task_group() as tg:
-            pool = cls(config, tg)
+            pool = cls(config, tg, data_dir)
             try:
                 pool._start_eager()
                 if watch is not None:
@@ -98,6 +126,14 @@ class UpstreamPool:
         return self.connection(name).in_backoff()
 
     async def ensure_catalog(self, name: str) -> Catalog:
+        """The current catalog (a snapshot will do); starts the upstream only when there is none."""
+        current = self._store.get(name)
+        if current is not None and current.is_snapshot:
+            return current
+        return await self.connection(name).ensure_catalog()
+
+    async def ensure_live_catalog(self, name: str) -> Catalog:
+        """The catalog the running upstream lists, starting it if needed (replaces a snapshot)."""
         return await self.connection(name).ensure_catalog()
 
     # ------------------------------------------------------------ the rest
@@ -112,9 +148,17 @@ class UpstreamPool:
     async def call_tool(
         self, server: str, tool: str, arguments: Mapping[str, Any], progress: ProgressFn | None = None
     ) -> dict[str, Any]:
+        """Forward a call; an upstream not running yet is started first and must still offer `tool`.
+
+        A tool found in a snapshot may be gone from the live catalog: that answers
+        `unknown_tool` instead of reaching the upstream.
+        """
         conn = self.connection(server)
         self._busy[conn] = self._busy.get(conn, 0) + 1
         try:
+            if self._store.live(server) is None:
+                snapshot = self._store.get(server)
+                require_tool(await conn.ensure_catalog(), tool, snapshot)
             return await conn.call_tool(tool, arguments, progress)
         finally:
             self._busy[conn] -= 1
@@ -132,7 +176,7 @@ class UpstreamPool:
 
         async def start(name: str) -> None:
             try:
-                await self.ensure_catalog(name)
+                await self.ensure_live_catalog(name)
                 outcome[name] = None
             except Fault as fault:
                 outcome[name] = fault
@@ -151,6 +195,7 @@ class UpstreamPool:
         state = conn.state.value
         if conn.state is State.BACKOFF and not conn.in_backoff():
             state = "failed"  # the window passed: the next need retries
+        snapshot = self._store.snapshot(name)
         return UpstreamStatus(
             name=name,
             transport=upstream.transport,
@@ -162,6 +207,9 @@ class UpstreamPool:
             handshake_seconds=conn.handshake_seconds,
             last_error=conn.last_error,
             stderr_tail=conn.stderr.lines()[-10:],
+            snapshot_tool_count=len(snapshot.exposed_tools) if snapshot else None,
+            snapshot_age=snapshot.age() if snapshot else None,
+            snapshot_note=self._snapshot_notes.get(name),
         )
 
     def statuses(self) -> list[UpstreamStatus]:
@@ -174,18 +222,21 @@ class UpstreamPool:
 
     async def _start_quietly(self, name: str) -> None:
         try:
-            await self.ensure_catalog(name)
+            await self.ensure_live_catalog(name)  # eager means started, even with a snapshot at hand
         except Fault as fault:
             log.warning("eager start failed", upstream=name, reason=fault.message)
 
     async def _shutdown(self, tg: anyio.abc.TaskGroup) -> None:
-        """Ask every owner task to stop; cancel what has not stopped after a grace period."""
+        """Ask every owner task to stop; cancel what has not stopped after a grace period.
+
+        Snapshot writes under way are finished first (within the same grace period).
+        """
         self._closing = True  # a config reload from here on would start what we are stopping
         everyone = [*self._connections.values(), *self._retiring]
         for conn in everyone:
             conn.request_stop()
         with anyio.move_on_after(SHUTDOWN_GRACE_SECONDS, shield=True):
-            while any(conn.state in (State.READY, State.STARTING) for conn in everyone):
+            while self._writers or any(conn.state in (State.READY, State.STARTING) for conn in everyone):
                 await anyio.sleep(0.02)
         tg.cancel_scope.cancel()
 
@@ -212,9 +263,14 @@ class UpstreamPool:
         )
         self.config = config
         for name in [*diff.removed, *diff.changed]:
+            self._fingerprints.pop(name, None)
             self._retire(self._connections.pop(name))
-        for name in [*diff.added, *diff.changed]:
+        fresh = [*diff.added, *diff.changed]
+        for name in fresh:
             self._connections[name] = UpstreamConnection(config.upstreams[name], self._store, self._tg)
+            if self.snapshots is not None and config.upstreams[name].snapshots:
+                self._fingerprints[name] = fingerprint(config.upstreams[name])
+        self._seed_snapshots({name: self._fingerprints[name] for name in fresh if name in self._fingerprints})
         self._connections = {name: self._connections[name] for name in config.upstreams}  # name order
         self._by_folded = {name.casefold(): name for name in self._connections}
         self._start_eager([*diff.added, *diff.changed])
@@ -227,7 +283,7 @@ class UpstreamPool:
     def _retire(self, conn: UpstreamConnection) -> None:
         """Take `conn` out of service now; stop it once its calls in flight are done (or time out)."""
         conn.detach_store()
-        self._store.drop(conn.name)
+        self._store.forget(conn.name)  # removed, or its definition changed: its snapshot no longer holds
         self._retiring.add(conn)
 
         async def stop_when_idle() -> None:
@@ -240,6 +296,47 @@ class UpstreamPool:
         self._tg.start_soon(stop_when_idle, name=f"retire-{conn.name}")
 
 
+    # ------------------------------------------------------------ snapshots
+
+    def _seed_snapshots(self, fingerprints: Mapping[str, str]) -> None:
+        """Put every valid snapshot of these upstreams in the store (marked as a snapshot, with its age)."""
+        if self.snapshots is None:
+            return
+        for name, digest in fingerprints.items():
+            upstream = self.config.upstreams[name]
+            outcome = self.snapshots.read(name, digest, upstream.snapshot_max_age, _hidden_by(upstream.tools))
+            if outcome.catalog is not None:
+                self._store.seed(outcome.catalog)
+            elif outcome.problem or outcome.stale:
+                self._snapshot_notes[name] = outcome.problem or outcome.stale or ""
+
+    def _on_catalog(self, server: str, catalog: Catalog | None) -> None:
+        """A live listing arrived: have it written to its snapshot file in the background."""
+        if catalog is None or catalog.is_snapshot or server not in self._fingerprints:
+            return
+        self._unwritten[server] = catalog
+        if server not in self._writers:
+            self._writers.add(server)
+            self._tg.start_soon(self._write_snapshots, server, name=f"snapshot-{server}")
+
+    async def _write_snapshots(self, server: str) -> None:
+        """Write the latest listing of `server` until none is left (a burst of listings writes twice at most)."""
+        assert self.snapshots is not None
+        try:
+            while (catalog := self._unwritten.pop(server, None)) is not None:
+                path = await anyio.to_thread.run_sync(self.snapshots.write, catalog, self._fingerprints[server])
+                self.snapshot_writes[server] = path
+                if path is not None:
+                    self._snapshot_notes.pop(server, None)
+        finally:
+            self._writers.discard(server)
+
+    async def flush_snapshots(self) -> None:
+        """Wait until every snapshot write under way has finished."""
+        while self._writers:
+            await anyio.sleep(0.01)
+
+
 @dataclass(frozen=True, slots=True)
 class ConfigDiff:
     """Upstream names added, removed and changed by a config reload."""
@@ -250,3 +347,23 @@ class ConfigDiff:
 
     def __bool__(self) -> bool:
         return bool(self.added or self.removed or self.changed)
+
+
+def require_tool(catalog: Catalog, tool: str, snapshot: Catalog | None = None) -> ToolEntry:
+    """The tool `catalog` exposes as `tool`, else `unknown_tool` naming similar tools and a snapshot that had it."""
+    entry = catalog.tool(tool)
+    if entry is not None and not entry.hidden:
+        return entry
+    if snapshot is not None and snapshot.is_snapshot and snapshot.tool(tool) is not None:
+        raise Fault(
+            "unknown_tool",
+            f"{catalog.server} no longer has tool {tool!r} (a snapshot from {age_text(snapshot.age())} ago listed it, "
+            "the running server does not); search again with catalog_search_tools",
+        )
+    near = [t.name for t in catalog.exposed_tools if tool.lower() in t.name.lower()][:5]
+    hint = f"; similar: {', '.join(near)}" if near else "; see catalog_list_tools"
+    raise Fault("unknown_tool", f"{catalog.server} has no tool {tool!r}{hint}")
+
+
+def _hidden_by(tools: ToolFilter) -> Callable[[str], bool]:
+    return lambda name: not tools.allows(name)
