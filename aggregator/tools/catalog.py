@@ -22,6 +22,7 @@ from aggregator.upstream.pool import UpstreamPool
 
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 200
+INSTRUCTIONS_CHARS = 4000  # per upstream in catalog_list_servers; the byte cap still applies to the whole list
 
 _SERVER_ARG = {"type": "string", "description": "Upstream server name, as catalog_list_servers reports it."}
 _TOOL_ARG = {
@@ -130,6 +131,7 @@ class CatalogTools:
                 "state": status.state,
                 "tool_count": status.tool_count,
                 "catalog_loaded": status.tool_count is not None,
+                "instructions": _capped(status.instructions, INSTRUCTIONS_CHARS),
             }
             for status in self.pool.statuses()
         ]
@@ -166,7 +168,7 @@ class CatalogTools:
             "annotations": dict(tool.annotations) if tool.annotations is not None else None,
             "arg_keys": tool.arg_keys,
             "required": tool.required,
-            "execution": tool.wire.get("execution"),  # e.g. taskSupport "required": not callable through us yet
+            "execution": tool.wire.get("execution"),  # taskSupport "required": call with a `task` param
             "symbol_type": classify_tool(tool.name, self.pool.store.loaded(), self.own_tool_names()).upper(),
             "call_example": {
                 "tool": "catalog_call_tool",
@@ -187,7 +189,9 @@ class CatalogTools:
             if not isinstance(args, Mapping):
                 raise invalid_argument("'arguments' must be an object of the tool's arguments")
             tool = await self._tool(server, name)  # proves the tool exists and resolves the server's case
-            return await self.pool.call_tool(tool.server, tool.name, args, ctx.report_progress)
+            return await self.pool.call_tool(
+                tool.server, tool.name, args, ctx.report_progress, extra=ctx.extra, origin=ctx.origin
+            )
         except Fault as fault:
             return fault_result(fault)
 
@@ -210,6 +214,12 @@ class CatalogTools:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _capped(text: str | None, limit: int) -> str | None:
+    if text is None or len(text) <= limit:
+        return text
+    return text[: limit - 1].rstrip() + "…"
 
 
 def _tool_item(tool: ToolEntry) -> dict[str, Any]:

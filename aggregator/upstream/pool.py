@@ -7,7 +7,7 @@ eager start lives in it, so leaving `UpstreamPool.running()` ends them all.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +21,7 @@ from aggregator.config import AggregatorConfig
 from aggregator.faults import Fault
 from aggregator.log import get_logger
 from aggregator.upstream.connection import ProgressFn, State, UpstreamConnection
+from aggregator.upstream.session import Downstream, NoDownstream
 
 log = get_logger(__name__)
 
@@ -41,6 +42,7 @@ class UpstreamStatus:
     handshake_seconds: float | None
     last_error: str | None
     stderr_tail: list[str]
+    instructions: str | None = None  # what the upstream said at its handshake (null until started)
 
 
 class UpstreamPool:
@@ -49,8 +51,11 @@ class UpstreamPool:
     def __init__(self, config: AggregatorConfig, task_group: anyio.abc.TaskGroup) -> None:
         self.config = config
         self._store = CatalogStore()
+        self.downstream: Downstream = NoDownstream()  # the server installs itself here
+        self.on_call_result: Callable[[str, Any], None] = lambda server, result: None
         self._connections = {
-            name: UpstreamConnection(upstream, self._store, task_group) for name, upstream in config.upstreams.items()
+            name: UpstreamConnection(upstream, self._store, task_group, lambda: self.downstream)
+            for name, upstream in config.upstreams.items()
         }
         self._by_folded = {name.casefold(): name for name in self._connections}
         self._tg = task_group
@@ -99,9 +104,40 @@ class UpstreamPool:
             raise Fault("unknown_server", f"no upstream named {name!r} (known: {known})") from None
 
     async def call_tool(
-        self, server: str, tool: str, arguments: Mapping[str, Any], progress: ProgressFn | None = None
+        self,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, Any],
+        progress: ProgressFn | None = None,
+        *,
+        extra: Mapping[str, Any] | None = None,
+        origin: Any = None,
     ) -> dict[str, Any]:
-        return await self.connection(server).call_tool(tool, arguments, progress)
+        result = await self.connection(server).call_tool(tool, arguments, progress, extra=extra, origin=origin)
+        self.on_call_result(server, result)
+        return result
+
+    def ready_connections(self) -> list[UpstreamConnection]:
+        """The connections that are ready now."""
+        return [conn for conn in self._connections.values() if conn.state is State.READY]
+
+    async def set_log_level(self, level: str) -> None:
+        """`logging/setLevel` for every upstream: sent to the running ones, kept for later starts."""
+
+        async def one(conn: UpstreamConnection) -> None:
+            await conn.set_log_level(level)
+
+        async with anyio.create_task_group() as tg:
+            for conn in self._connections.values():
+                tg.start_soon(one, conn)
+
+    async def notify_running(self, method: str, params: Mapping[str, Any] | None = None) -> None:
+        """A client notification (roots changed) for every running upstream."""
+        for conn in self.ready_connections():
+            try:
+                await conn.notify(method, params)
+            except Exception as exc:
+                log.debug("notification not delivered", upstream=conn.name, method=method, error=str(exc)[:200])
 
     async def start_all(self, names: list[str] | None = None) -> dict[str, Fault | None]:
         """Start upstreams concurrently; each name maps to None (ready) or the Fault it raised."""
@@ -137,6 +173,7 @@ class UpstreamPool:
             handshake_seconds=conn.handshake_seconds,
             last_error=conn.last_error,
             stderr_tail=conn.stderr.lines()[-10:],
+            instructions=conn.instructions,
         )
 
     def statuses(self) -> list[UpstreamStatus]:

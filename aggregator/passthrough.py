@@ -1,0 +1,461 @@
+"""Everything besides tools, passed through (DESIGN §2.6).
+
+Downstream handlers for prompts, resources, completions, logging and tasks, and
+the other direction: what upstreams ask of or tell the clients (sampling,
+elicitation, roots, ping; log messages, resource updates, task status).
+Routing decisions live in `aggregator.routing`; this module moves messages.
+
+Server→client requests have no link on the wire to the call that caused them
+(stdio carries none), so an upstream's request goes to the client whose
+request to *that upstream* is in flight. When requests of several clients are
+in flight to it, the target cannot be told: the upstream gets an error, never
+another client's answer. Outside any request, the one connected client
+answers (stdio); with several, `roots/list` answers from the upstream's
+configured `roots:` or fails.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import mcp.types as types
+from mcp.server.connection import Connection
+from mcp.server.context import ServerRequestContext
+from mcp.server.subscriptions import InMemorySubscriptionBus
+from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ResourceUpdated
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from aggregator.catalog.model import Catalog
+from aggregator.faults import Fault
+from aggregator.log import get_logger
+from aggregator.routing import ExposedPrompt, ResourceRouter, TaskRouter, build_prompt_table
+from aggregator.upstream.pool import UpstreamPool
+from aggregator.upstream.session import RELAYABLE_CAPABILITIES
+
+log = get_logger(__name__)
+
+RESOURCE_NOT_FOUND = -32002
+OWNER_META_KEY = "aggregator/upstream"  # on listed resources: which upstream serves this copy
+_RESERVED_META_PREFIX = "io.modelcontextprotocol/"
+_KEPT_RESERVED_META = {"io.modelcontextprotocol/related-task"}
+_FAULT_CODES = {"timeout": types.REQUEST_TIMEOUT, "unknown_server": types.INVALID_PARAMS}
+
+
+class Clients:
+    """The connected clients (the SDK's per-client `Connection`), as requests reveal them."""
+
+    def __init__(self) -> None:
+        self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+    def track(self, ctx: ServerRequestContext[Any, Any]) -> None:
+        connection = getattr(ctx.session, "_connection", None)
+        if connection is not None:
+            self._connections.add(connection)
+
+    def legacy(self) -> list[Connection]:
+        """Handshake-era clients: those that can receive notifications and requests on their own stream."""
+        return [c for c in list(self._connections) if c.protocol_version not in MODERN_PROTOCOL_VERSIONS]
+
+    def forget(self, connection: Connection) -> None:
+        self._connections.discard(connection)
+
+    def capabilities(self) -> types.ClientCapabilities:
+        """The union of what the known clients declared; before any is known, all the aggregator can relay."""
+        known = list(self._connections)
+        if not known:
+            return RELAYABLE_CAPABILITIES
+        union: dict[str, Any] = {}
+        for connection in self.legacy():
+            caps = connection.client_capabilities
+            if caps is None:
+                continue
+            for key in ("roots", "sampling", "elicitation"):
+                value = getattr(caps, key)
+                if value is not None:
+                    merged = union.setdefault(key, {})
+                    merged.update(value.model_dump(by_alias=True, exclude_none=True))
+        return types.ClientCapabilities.model_validate(union)
+
+
+class Passthrough:
+    """The handlers of the non-tool protocol, and the pool's `Downstream`."""
+
+    def __init__(self, pool: UpstreamPool, clients: Clients, bus: InMemorySubscriptionBus) -> None:
+        self.pool = pool
+        self.clients = clients
+        self.bus = bus
+        self.resources = ResourceRouter(pool.upstream_names())
+        self.tasks = TaskRouter()
+        self._prompts: dict[str, ExposedPrompt] = {}
+        self._fingerprints: dict[str, tuple[Any, Any]] = {}  # per server: (prompt names, resource keys)
+        self._subscribers: dict[str, weakref.WeakSet[Connection]] = {}
+        self._elicitations: dict[str, Connection] = {}  # URL elicitation id → the client asked
+        self._changed_prompts = False
+        self._changed_resources = False
+        self.on_change: Callable[[], None] = lambda: None  # the server wakes its fan-out
+        self._catalogs: dict[str, Catalog] = {}  # the last catalog each upstream listed, by name (sorted)
+        for server, catalog in pool.store.loaded().items():
+            self._on_catalog(server, catalog)
+        self._changed_prompts = self._changed_resources = False
+        pool.store.subscribe(self._on_catalog)
+        pool.downstream = self
+        pool.on_call_result = self.note_result
+
+    # ------------------------------------------------------------ catalogs → tables
+
+    def _on_catalog(self, server: str, catalog: Catalog | None) -> None:
+        if catalog is None:  # a dropped catalog (crash, stop) keeps its entries listed, as direct tools do
+            return
+        prompts = tuple((p.name, p.title, p.description, p.arguments) for p in catalog.prompts)
+        resources = (
+            tuple((r.uri, r.name, r.title, r.description, r.mime_type) for r in catalog.resources),
+            tuple((t.uri_template, t.name, t.title, t.description, t.mime_type) for t in catalog.resource_templates),
+        )
+        old = self._fingerprints.get(server)
+        self._fingerprints[server] = (prompts, resources)
+        self._catalogs = dict(sorted({**self._catalogs, server: catalog}.items()))
+        self._prompts = build_prompt_table(self._catalogs)
+        self.resources.rebuild(self._catalogs)
+        if old is None or old[0] != prompts:
+            self._changed_prompts = self._changed_prompts or bool(prompts) or old is not None
+        if old is None or old[1] != resources:
+            self._changed_resources = self._changed_resources or any(resources) or old is not None
+        if self._changed_prompts or self._changed_resources:
+            self.on_change()
+
+    async def announce(self, legacy: Sequence[Connection]) -> None:
+        """Tell clients what changed since the last call (the server's fan-out calls this)."""
+        prompts, resources = self._changed_prompts, self._changed_resources
+        self._changed_prompts = self._changed_resources = False
+        if prompts:
+            await self.bus.publish(PromptsListChanged())
+            for connection in legacy:
+                await connection.send_prompt_list_changed()
+        if resources:
+            await self.bus.publish(ResourcesListChanged())
+            for connection in legacy:
+                await connection.send_resource_list_changed()
+
+    # ------------------------------------------------------------ prompts
+
+    async def list_prompts(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
+        return types.ListPromptsResult(prompts=[_prompt_wire(entry) for entry in self._prompts.values()])
+
+    async def get_prompt(self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> dict[str, Any]:
+        entry = self._prompts.get(params.name)
+        if entry is None:
+            raise MCPError(types.INVALID_PARAMS, f"unknown prompt {params.name!r}; see prompts/list")
+        forwarded = {**passthrough_meta(ctx), "name": entry.prompt.name}
+        if params.arguments is not None:
+            forwarded["arguments"] = params.arguments
+        return await self.forward(entry.server, "prompts/get", forwarded, ctx)
+
+    # ------------------------------------------------------------ resources
+
+    async def list_resources(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        resources = [
+            types.Resource(
+                uri=r.uri,
+                name=r.name,
+                title=r.title,
+                description=r.description or None,
+                mime_type=r.mime_type,
+                _meta={OWNER_META_KEY: server},
+            )
+            for server, catalog in self._catalogs.items()
+            for r in catalog.resources
+        ]
+        return types.ListResourcesResult(resources=resources)
+
+    async def list_resource_templates(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        templates = [
+            types.ResourceTemplate(
+                uri_template=t.uri_template,
+                name=t.name,
+                title=t.title,
+                description=t.description or None,
+                mime_type=t.mime_type,
+                _meta={OWNER_META_KEY: server},
+            )
+            for server, catalog in self._catalogs.items()
+            for t in catalog.resource_templates
+        ]
+        return types.ListResourceTemplatesResult(resource_templates=templates)
+
+    def _resource_owner(self, uri: str) -> str:
+        server = self.resources.resolve(uri)
+        if server is None:
+            raise MCPError(RESOURCE_NOT_FOUND, f"no upstream lists, returned or templates the resource {uri!r}")
+        return server
+
+    async def read_resource(
+        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> dict[str, Any]:
+        uri = str(params.uri)
+        server = self._resource_owner(uri)
+        return await self.forward(server, "resources/read", {**passthrough_meta(ctx), "uri": uri}, ctx)
+
+    async def subscribe(self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> dict[str, Any]:
+        uri = str(params.uri)
+        result = await self.forward(
+            self._resource_owner(uri), "resources/subscribe", {**passthrough_meta(ctx), "uri": uri}, ctx
+        )
+        connection = getattr(ctx.session, "_connection", None)
+        if connection is not None:
+            self._subscribers.setdefault(uri, weakref.WeakSet()).add(connection)
+        return result
+
+    async def unsubscribe(
+        self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
+    ) -> dict[str, Any]:
+        uri = str(params.uri)
+        connection = getattr(ctx.session, "_connection", None)
+        subscribers = self._subscribers.get(uri)
+        if subscribers is not None and connection is not None:
+            subscribers.discard(connection)
+        if subscribers:  # another client still listens: keep the upstream's subscription
+            return {}
+        self._subscribers.pop(uri, None)
+        return await self.forward(
+            self._resource_owner(uri), "resources/unsubscribe", {**passthrough_meta(ctx), "uri": uri}, ctx
+        )
+
+    # ------------------------------------------------------------ completions, logging, roots
+
+    async def complete(self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams) -> dict[str, Any]:
+        raw = dict(ctx.params or {})
+        ref = dict(raw.get("ref") or {})
+        if ref.get("type") == "ref/prompt":
+            entry = self._prompts.get(str(ref.get("name")))
+            if entry is None:
+                raise MCPError(types.INVALID_PARAMS, f"unknown prompt {ref.get('name')!r}; see prompts/list")
+            server, ref["name"] = entry.server, entry.prompt.name
+        else:
+            uri = str(ref.get("uri"))
+            server = self.resources.template_owner(uri) or self._resource_owner(uri)
+        raw["ref"] = ref
+        raw.pop("_meta", None)
+        return await self.forward(server, "completion/complete", {**passthrough_meta(ctx), **raw}, ctx)
+
+    async def set_level(self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:
+        await self.pool.set_log_level(params.level)
+        return types.EmptyResult()
+
+    async def roots_changed(self, ctx: ServerRequestContext[Any], params: Any) -> None:
+        await self.pool.notify_running("notifications/roots/list_changed")
+
+    # ------------------------------------------------------------ tasks
+
+    async def call_as_task(
+        self, server: str, tool: str, ctx: ServerRequestContext[Any], arguments: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """A task-augmented `tools/call`: the upstream creates the task; we remember whose it is."""
+        raw = ctx.params or {}
+        extra = {**passthrough_meta(ctx), "task": raw.get("task")}
+        forwarded = {**extra, "name": tool, "arguments": dict(arguments)}
+        result = await self.forward(server, "tools/call", forwarded, ctx)
+        self.tasks.remember(server, result, getattr(ctx.session, "_connection", None))
+        return result
+
+    async def task_request(self, ctx: ServerRequestContext[Any]) -> dict[str, Any]:
+        """`tasks/get`, `tasks/result`, `tasks/cancel` by task id; `tasks/list` over every running upstream."""
+        raw = dict(ctx.params or {})
+        if ctx.method == "tasks/list":
+            return await self._list_tasks(ctx)
+        task_id = raw.get("taskId")
+        owner = self.tasks.owner(task_id) if isinstance(task_id, str) else None
+        if owner is None:
+            raise MCPError(types.INVALID_PARAMS, f"unknown task {task_id!r}")
+        raw.pop("_meta", None)
+        return await self.forward(owner[0], ctx.method, {**passthrough_meta(ctx), **raw}, ctx)
+
+    async def _list_tasks(self, ctx: ServerRequestContext[Any]) -> dict[str, Any]:
+        tasks: list[Any] = []
+        for conn in self.pool.ready_connections():
+            caps = conn.server_capabilities
+            if caps is None or caps.tasks is None or caps.tasks.list is None:
+                continue
+            try:
+                result = await conn.request("tasks/list", None, origin=ctx)
+            except (MCPError, Fault) as exc:
+                log.warning("tasks/list failed", upstream=conn.name, error=str(exc)[:200])
+                continue
+            for task in result.get("tasks") or []:
+                if isinstance(task, Mapping) and isinstance(task.get("taskId"), str):
+                    self.tasks.remember_id(conn.name, task["taskId"])
+                    tasks.append(task)
+        return {"tasks": tasks}
+
+    # ------------------------------------------------------------ forwarding
+
+    async def forward(
+        self, server: str, method: str, params: Mapping[str, Any], ctx: ServerRequestContext[Any]
+    ) -> dict[str, Any]:
+        """One request to `server`, answered with its raw result; our faults become JSON-RPC errors."""
+        try:
+            conn = self.pool.connection(server)
+            return await conn.request(method, params, ctx.session.report_progress, origin=ctx)
+        except Fault as fault:
+            code = _FAULT_CODES.get(fault.reason, types.INTERNAL_ERROR)
+            raise MCPError(code, f"{fault.reason}: {fault.message}", {"reason": fault.reason}) from None
+
+    def note_result(self, server: str, result: Any) -> None:
+        """Every tool result passing by: the resource links it carries become readable."""
+        self.resources.remember(server, result)
+
+    # ------------------------------------------------------------ Downstream (what upstreams ask and tell)
+
+    def client_capabilities(self) -> types.ClientCapabilities:
+        return self.clients.capabilities()
+
+    async def relay_request(
+        self, upstream: str, method: str, params: Mapping[str, Any] | None, origins: Sequence[Any]
+    ) -> dict[str, Any]:
+        callers = [o for o in origins if isinstance(o, ServerRequestContext)]
+        connections = {id(c.session._connection): c for c in callers if hasattr(c.session, "_connection")}
+        if len(connections) > 1:
+            if method == "ping":
+                return {}
+            roots = self._configured_roots(upstream, method)
+            if roots is not None:
+                return roots
+            raise MCPError(
+                types.INVALID_REQUEST,
+                f"{method}: requests of several clients are in flight to {upstream!r}; "
+                "the aggregator cannot tell which client this is for",
+            )
+        if connections:
+            caller = callers[-1]
+            connection: Connection = caller.session._connection  # type: ignore[attr-defined]
+            send = caller.session._request_outbound.send_raw_request  # type: ignore[attr-defined]
+        else:
+            if method == "ping":
+                return {}
+            legacy = self.clients.legacy()
+            if len(legacy) != 1:
+                roots = self._configured_roots(upstream, method)
+                if roots is not None:
+                    return roots
+                hint = " (configure roots: for this upstream)" if method == "roots/list" else ""
+                raise MCPError(
+                    types.INVALID_REQUEST,
+                    f"{method} outside a call, with {len(legacy)} clients connected: the aggregator "
+                    f"cannot tell which client this is for{hint}",
+                )
+            connection = legacy[0]
+            send = connection.send_raw_request
+        _require_capability(connection, method, params)
+        timeout = self.pool.connection(upstream).config.timeouts.call
+        result = await send(method, dict(params) if params is not None else None, {"timeout": timeout})
+        if method == "elicitation/create" and params and isinstance(params.get("elicitationId"), str):
+            self._elicitations[params["elicitationId"]] = connection
+        return result
+
+    def _configured_roots(self, upstream: str, method: str) -> dict[str, Any] | None:
+        if method != "roots/list":
+            return None
+        roots = getattr(self.pool.connection(upstream).config, "roots", None)
+        if not roots:
+            return None
+        return {"roots": [_root(entry) for entry in roots]}
+
+    async def relay_notification(self, upstream: str, method: str, params: Mapping[str, Any] | None) -> None:
+        params = dict(params or {})
+        if method == "notifications/message":
+            logger = params.get("logger")
+            params["logger"] = f"{upstream}/{logger}" if isinstance(logger, str) and logger else upstream
+            targets = self.clients.legacy()
+        elif method == "notifications/resources/updated":
+            uri = params.get("uri")
+            if isinstance(uri, str):
+                await self.bus.publish(ResourceUpdated(uri=uri))
+            targets = list(self._subscribers.get(uri, ())) if isinstance(uri, str) else []
+        elif method == "notifications/tasks/status":
+            task_id = params.get("taskId")
+            owner = self.tasks.owner(task_id) if isinstance(task_id, str) else None
+            targets = [owner[1]] if owner is not None and owner[1] is not None else []
+        elif method == "notifications/elicitation/complete":
+            target = self._elicitations.pop(str(params.get("elicitationId")), None)
+            targets = [target] if target is not None else []
+        else:
+            return
+        for connection in targets:
+            if connection.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+                await connection.notify(method, params)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def passthrough_meta(ctx: ServerRequestContext[Any]) -> dict[str, Any]:
+    """The client's request `_meta`, as `{"_meta": {...}}` to spread into forwarded params (or `{}`).
+
+    Custom keys pass untouched; the progress token is ours to set, and the
+    2026-07-28 envelope keys (protocol version, client capabilities, …) describe
+    the client's connection to us, not ours to the upstream.
+    """
+    raw = (ctx.params or {}).get("_meta")
+    if not isinstance(raw, Mapping):
+        return {}
+    meta = {
+        key: value
+        for key, value in raw.items()
+        if key != "progressToken" and (not key.startswith(_RESERVED_META_PREFIX) or key in _KEPT_RESERVED_META)
+    }
+    return {"_meta": meta} if meta else {}
+
+
+_REQUIRED = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation", "roots/list": "roots"}
+
+
+def _require_capability(connection: Connection, method: str, params: Mapping[str, Any] | None) -> None:
+    """A clear JSON-RPC error for the upstream when the client cannot answer `method`."""
+    if connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        raise MCPError(
+            types.INVALID_REQUEST,
+            f"{method}: the client speaks {connection.protocol_version}, which has no server-to-client requests",
+        )
+    needed = _REQUIRED.get(method)
+    if needed is None:
+        return
+    caps = connection.client_capabilities
+    declared = getattr(caps, needed, None) if caps is not None else None
+    if needed == "elicitation" and declared is not None:
+        mode = (params or {}).get("mode") or "form"
+        modes = declared.model_dump(exclude_none=True)
+        if (mode not in modes) if modes else (mode != "form"):  # an empty object means form only (spec)
+            declared = None
+    if declared is None:
+        raise MCPError(
+            types.INVALID_REQUEST, f"{method}: the client connected to the aggregator did not declare {needed}"
+        )
+
+
+def _root(entry: Any) -> dict[str, Any]:
+    if isinstance(entry, Mapping):
+        return dict(entry)
+    text = str(entry)
+    uri = text if "://" in text else f"file://{text}"
+    return {"uri": uri, "name": text.rstrip("/").rsplit("/", 1)[-1] or text}
+
+
+def _prompt_wire(entry: ExposedPrompt) -> types.Prompt:
+    prompt = entry.prompt
+    return types.Prompt(
+        name=entry.exposed,
+        title=f"{prompt.title or prompt.name} ({entry.server})",
+        description=prompt.description or None,
+        arguments=[
+            types.PromptArgument(name=a.name, description=a.description or None, required=a.required)
+            for a in prompt.arguments
+        ],
+    )
