@@ -303,7 +303,9 @@ class Passthrough:
         """One request to `server`, answered with its raw result; our faults become JSON-RPC errors."""
         try:
             conn = self.pool.connection(server)
-            return await conn.request(method, params, ctx.session.report_progress, origin=ctx)
+            return for_era(
+                await conn.request(method, params, ctx.session.report_progress, origin=ctx), ctx.protocol_version
+            )
         except Fault as fault:
             code = _FAULT_CODES.get(fault.reason, types.INTERNAL_ERROR)
             raise MCPError(code, f"{fault.reason}: {fault.message}", {"reason": fault.reason}) from None
@@ -394,6 +396,17 @@ class Passthrough:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def for_era(result: Any, protocol_version: str) -> Any:
+    """An upstream's raw result, stamped with what the client's protocol era requires.
+
+    A 2026-07-28 client requires `resultType` on every result; upstreams of the
+    handshake era never send it. Nothing else is touched.
+    """
+    if isinstance(result, dict) and protocol_version in MODERN_PROTOCOL_VERSIONS and "resultType" not in result:
+        return {**result, "resultType": "complete"}
+    return result
 
 
 def passthrough_meta(ctx: ServerRequestContext[Any]) -> dict[str, Any]:

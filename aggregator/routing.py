@@ -9,8 +9,9 @@ Three small tables, rebuilt from the catalogs or filled as results pass by:
   returned it in a result (a `resource_link` or embedded resource: what a call
   returned must be readable), (2) the upstream that lists it, (3) the upstream
   with a matching URI template. Where two upstreams list the same URI, or two
-  templates match, the first upstream in configuration order wins and a
-  warning names both (the documented rule; the listing marks each copy's owner);
+  templates match, the upstream first by name (the order `list-upstreams`
+  shows) wins and a warning names both (the documented rule; the listing marks
+  each copy's owner in `_meta`);
 - a task id routes to the upstream whose `tools/call` created it.
 
 The maps of URIs seen in results and of task ids are bounded (least recently
@@ -86,7 +87,7 @@ class ResourceRouter:
     """URI → upstream, by the rule in this module's docstring."""
 
     def __init__(self, order: Sequence[str]) -> None:
-        self._rank = {name: i for i, name in enumerate(order)}  # configuration order decides ambiguities
+        self._rank = {name: i for i, name in enumerate(order)}  # the pool's order (by name) decides ambiguities
         self._listed: dict[str, list[str]] = {}
         self._templates: list[tuple[str, UriTemplate]] = []
         self._seen: BoundedMap[str, str] = BoundedMap(SEEN_URIS_MAX)

@@ -21,6 +21,7 @@ import anyio.abc
 import mcp.types as types
 from mcp.server import Server
 from mcp.server._otel import OpenTelemetryMiddleware
+from mcp.server.caching import CacheHint
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
@@ -34,7 +35,7 @@ from aggregator.catalog.search import ToolSearchIndex
 from aggregator.exposure import DirectTool, build_direct_tools
 from aggregator.faults import Fault
 from aggregator.log import get_logger
-from aggregator.passthrough import Clients, Passthrough, passthrough_meta
+from aggregator.passthrough import Clients, Passthrough, for_era, passthrough_meta
 from aggregator.tools.base import OwnTool, ToolContext, fault_result, text_result
 from aggregator.tools.catalog import CatalogTools
 from aggregator.tools.introspection import introspection_tools
@@ -144,6 +145,9 @@ class AggregatorServer:
         self.lowlevel = _Server(
             "aggregator",
             version=__version__,
+            # A 2026-07-28 resources/read result must say how long it may be cached; an upstream of the
+            # handshake era never does. A proxy cannot know: immediately stale, never shared.
+            cache_hints={"resources/read": CacheHint(ttl_ms=0, scope="private")},
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
             on_subscriptions_listen=self.listen,
@@ -296,13 +300,13 @@ class AggregatorServer:
         try:
             own = self._own.get(name)
             if own is not None:
-                return _for_era(await own.handler(arguments, tool_ctx), ctx.protocol_version)
+                return for_era(await own.handler(arguments, tool_ctx), ctx.protocol_version)
             direct = await self._direct_tool(name)
             if direct is not None:
                 result = await self.pool.call_tool(
                     direct.server, direct.tool, arguments, tool_ctx.report_progress, extra=tool_ctx.extra, origin=ctx
                 )
-                return _for_era(result, ctx.protocol_version)
+                return for_era(result, ctx.protocol_version)
             return fault_result(Fault("unknown_tool", f"no tool named {name!r}; use catalog_search_tools"))
         except Fault as fault:
             return fault_result(fault)
@@ -325,14 +329,3 @@ def _capped(text: str, limit: int) -> str:
 
 def _shown(names: list[str]) -> str:
     return ", ".join(names[:12]) + (", …" if len(names) > 12 else "")
-
-
-def _for_era(result: Any, protocol_version: str) -> Any:
-    """An upstream's raw result, stamped with what the client's protocol era requires.
-
-    A 2026-07-28 client requires `resultType` on every result; upstreams of the
-    handshake era never send it. Nothing else is touched.
-    """
-    if isinstance(result, dict) and protocol_version in MODERN_PROTOCOL_VERSIONS and "resultType" not in result:
-        return {**result, "resultType": "complete"}
-    return result

@@ -170,6 +170,12 @@ CORE_TOOLS: list[dict[str, Any]] = [
         "inputSchema": {"type": "object", "properties": {}},
         "annotations": _READ_ONLY,
     },
+    {
+        "name": "meta",
+        "description": "Return the _meta of this tools/call request as it arrived (structuredContent.meta).",
+        "inputSchema": {"type": "object", "properties": {}},
+        "annotations": _READ_ONLY,
+    },
 ]
 CORE_NAMES = frozenset(tool["name"] for tool in CORE_TOOLS)
 
@@ -279,11 +285,12 @@ class Wire:
 class Call:
     """One in-flight ``tools/call``: its id, progress token and cancellation flag."""
 
-    __slots__ = ("cancelled", "progress_token", "request_id")
+    __slots__ = ("cancelled", "meta", "progress_token", "request_id")
 
-    def __init__(self, request_id: Any, progress_token: Any) -> None:
+    def __init__(self, request_id: Any, progress_token: Any, meta: Any = None) -> None:
         self.request_id = request_id
         self.progress_token = progress_token
+        self.meta = meta
         self.cancelled = threading.Event()
 
 
@@ -368,6 +375,10 @@ class Testkit:
             "big": self.tool_big,
             "set_tools": self.tool_set_tools,
             "pid": lambda _args, _call: text_result(str(os.getpid())),
+            "meta": lambda _args, call: {
+                "content": [text_block(json.dumps(call.meta))],
+                "structuredContent": {"meta": call.meta},
+            },
         }
 
     # ---- dispatch -------------------------------------------------------------------------
@@ -529,7 +540,7 @@ class Testkit:
             return
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
-        call = Call(request_id, token)
+        call = Call(request_id, token, meta)
         with self.calls_lock:
             self.calls[request_id] = call
         threading.Thread(target=self.run_call, args=(handler, args, call), daemon=True).start()

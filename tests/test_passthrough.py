@@ -1,0 +1,119 @@
+"""Prompts, resources, `_meta`, instructions and direct tools through a real `aggregator serve` (DESIGN §2.6).
+
+Upstreams are testkit subprocesses (stdlib only, fast); the official servers, server→client
+requests and tasks are in test_passthrough_everything.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp.types as types
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.shared.exceptions import MCPError
+
+from aggregator.upstream.connection import raw_request
+from tests.conftest import aggregator_client, aggregator_env, kit_upstream, structured, write_config
+
+
+async def test_prompts_and_resources_of_two_upstreams(tmp_path: Path) -> None:
+    # both list testkit://readme and testkit://status: reads go to the upstream first by name
+    config = write_config(tmp_path, {"zkit": kit_upstream("--tag", "z"), "akit": kit_upstream("--tag", "a")})
+    async with aggregator_client(config) as session:
+        assert (await session.list_prompts()).prompts == []  # answers at once and starts nothing
+        servers = structured(await session.call_tool("catalog_list_servers", {}))["servers"]
+        assert {s["state"] for s in servers} == {"configured"}
+
+        await session.call_tool("catalog_search_tools", {"query": "echo", "load": True})
+        prompts = {p.name: p for p in (await session.list_prompts()).prompts}
+        assert set(prompts) == {"akit__greet", "akit__review_code", "zkit__greet", "zkit__review_code"}
+        assert [a.name for a in prompts["zkit__review_code"].arguments or []] == ["code", "language"]
+
+        got = await session.get_prompt("zkit__greet", {"name": "Ada"})
+        assert got.messages[0].content.text == "Say hello to Ada in one friendly sentence."  # type: ignore[union-attr]
+        with pytest.raises(MCPError) as missing:
+            await session.get_prompt("zkit__greet", {})
+        assert "Missing required argument" in missing.value.message  # the upstream's own error, untouched
+        with pytest.raises(MCPError, match="unknown prompt"):
+            await session.get_prompt("greet", {})
+
+        resources = (await session.list_resources()).resources
+        owners = [(str(r.uri), (r.meta or {}).get("aggregator/upstream")) for r in resources]
+        assert ("testkit://status", "zkit") in owners and ("testkit://status", "akit") in owners
+        status = json.loads((await session.read_resource("testkit://status")).contents[0].text)  # type: ignore[union-attr]
+        apid = (await session.call_tool("catalog_call_tool", {"server": "akit", "tool": "pid"})).content[0].text  # type: ignore[union-attr]
+        assert str(status["pid"]) == apid
+
+        templates = {t.uri_template for t in (await session.list_resource_templates()).resource_templates}
+        assert templates == {"testkit://items/{item_id}", "testkit://logs/{date}/{level}"}
+        item = await session.read_resource("testkit://items/7")
+        assert item.contents[0].text == "item 7"  # type: ignore[union-attr]
+        with pytest.raises(MCPError) as unknown:
+            await session.read_resource("nowhere://x")
+        assert unknown.value.code == -32002
+
+
+async def test_prompts_list_changed_when_an_upstream_first_lists(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"kit": kit_upstream()})
+    heard: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ServerNotification | types.PromptListChangedNotification):
+            heard.append(getattr(message, "method", ""))
+
+    async with aggregator_client(config, message_handler=on_message) as session:
+        await session.call_tool("catalog_list_tools", {"server": "kit"})
+        with anyio.fail_after(20):
+            while not {"notifications/prompts/list_changed", "notifications/resources/list_changed"} <= set(heard):
+                await anyio.sleep(0.05)
+
+
+async def test_request_meta_keys_reach_the_upstream_beside_our_progress_token(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"kit": kit_upstream(expose="direct")})
+    async with aggregator_client(config) as session:
+        # a direct tool called before any tools/list: the aggregator starts the direct upstream to find it
+        direct = await raw_request(session, "tools/call", {"name": "kit__meta", "_meta": {"trace": "t-1", "x/y": [1]}})
+        meta = direct["structuredContent"]["meta"]
+        assert meta["trace"] == "t-1" and meta["x/y"] == [1] and "progressToken" in meta
+        via_catalog = await raw_request(
+            session,
+            "tools/call",
+            {"name": "catalog_call_tool", "arguments": {"server": "kit", "tool": "meta"}, "_meta": {"k": "v"}},
+        )
+        assert via_catalog["structuredContent"]["meta"]["k"] == "v"
+
+
+async def test_instructions_say_what_is_exposed(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"kit": kit_upstream(expose="direct"), "hidden": kit_upstream()})
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "aggregator", "serve", "--config", str(config)], env=aggregator_env()
+    )
+    async with Client(params, mode="legacy") as client:
+        text = client.session.initialize_result.instructions  # type: ignore[union-attr]
+        assert "The tools of hidden are not listed one by one" in text
+        assert "The tools of kit are listed directly" in text
+        await client.call_tool("catalog_list_tools", {"server": "kit"})
+        servers = structured(await client.call_tool("catalog_list_servers", {}))["servers"]
+        said = {s["name"]: s["instructions"] for s in servers}
+        assert said == {"kit": "Scriptable MCP test server; see the tool descriptions.", "hidden": None}
+
+
+async def test_modern_client_gets_prompts_and_resources(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"kit": kit_upstream(start="eager")})
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "aggregator", "serve", "--config", str(config)], env=aggregator_env()
+    )
+    async with Client(params, mode="auto") as client:
+        await client.call_tool("catalog_list_tools", {"server": "kit"})
+        names = {p.name for p in (await client.list_prompts()).prompts}
+        assert "kit__greet" in names
+        got = await client.get_prompt("kit__greet", {"name": "Grace"})
+        assert "Grace" in got.messages[0].content.text  # type: ignore[union-attr]
+        read = await client.read_resource("testkit://readme")
+        assert read.contents[0].text.startswith("# testkit")  # type: ignore[union-attr]
