@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import mcp.types as types
@@ -365,7 +366,7 @@ class Passthrough:
     def _configured_roots(self, upstream: str, method: str) -> dict[str, Any] | None:
         if method != "roots/list":
             return None
-        roots = getattr(self.pool.connection(upstream).config, "roots", None)
+        roots = self.pool.connection(upstream).config.roots
         if not roots:
             return None
         return {"roots": [_root(entry) for entry in roots]}
@@ -453,12 +454,10 @@ def _require_capability(connection: Connection, method: str, params: Mapping[str
         )
 
 
-def _root(entry: Any) -> dict[str, Any]:
-    if isinstance(entry, Mapping):
-        return dict(entry)
-    text = str(entry)
-    uri = text if "://" in text else f"file://{text}"
-    return {"uri": uri, "name": text.rstrip("/").rsplit("/", 1)[-1] or text}
+def _root(entry: str) -> dict[str, Any]:
+    """A configured root (a directory or a URI) as a `roots/list` entry."""
+    uri = entry if "://" in entry else Path(entry).expanduser().absolute().as_uri()
+    return {"uri": uri, "name": entry.rstrip("/").rsplit("/", 1)[-1] or entry}
 
 
 def _prompt_wire(entry: ExposedPrompt) -> types.Prompt:

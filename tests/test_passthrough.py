@@ -16,9 +16,13 @@ import mcp.types as types
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.server.subscriptions import InMemorySubscriptionBus
 from mcp.shared.exceptions import MCPError
 
+from aggregator.config import parse_config
+from aggregator.passthrough import Clients, Passthrough
 from aggregator.upstream.connection import raw_request
+from aggregator.upstream.pool import UpstreamPool
 from tests.conftest import aggregator_client, aggregator_env, kit_upstream, structured, write_config
 
 
@@ -117,3 +121,27 @@ async def test_modern_client_gets_prompts_and_resources(tmp_path: Path) -> None:
         assert "Grace" in got.messages[0].content.text  # type: ignore[union-attr]
         read = await client.read_resource("testkit://readme")
         assert read.contents[0].text.startswith("# testkit")  # type: ignore[union-attr]
+
+
+async def test_requests_no_client_can_answer_get_config_roots_or_a_clear_error() -> None:
+    config = parse_config(
+        'upstreams: {kit: {command: x, roots: ["${APP}", "https://example.com/r"]}, bare: {command: y}}',
+        "/cfg/aggregator.yaml",
+        environ={"APP": "/srv/app"},
+    )
+    assert config.upstreams["kit"].roots == ["/srv/app", "https://example.com/r"]
+    async with UpstreamPool.running(config) as pool:
+        relay = Passthrough(pool, Clients(), InMemorySubscriptionBus())
+        assert pool.downstream is relay
+        roots = await relay.relay_request("kit", "roots/list", None, [])
+        assert roots == {
+            "roots": [{"uri": "file:///srv/app", "name": "app"}, {"uri": "https://example.com/r", "name": "r"}]
+        }
+        assert await relay.relay_request("bare", "ping", None, []) == {}
+        for method in ("roots/list", "sampling/createMessage"):
+            with pytest.raises(MCPError, match="cannot tell which client") as refused:
+                await relay.relay_request("bare", method, {}, [])
+            assert refused.value.code == types.INVALID_REQUEST
+        # before any client is known, an upstream is declared everything the aggregator can relay
+        declared = relay.client_capabilities()
+        assert declared.sampling is not None and declared.roots is not None and declared.elicitation is not None
