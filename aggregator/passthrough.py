@@ -53,8 +53,9 @@ class Clients:
 
     def track(self, ctx: ServerRequestContext[Any, Any]) -> None:
         connection = getattr(ctx.session, "_connection", None)
-        if connection is not None:
+        if connection is not None and connection not in self._connections:
             self._connections.add(connection)
+            connection.exit_stack.callback(self.forget, connection)  # unwound when the client goes
 
     def legacy(self) -> list[Connection]:
         """Handshake-era clients: those that can receive notifications and requests on their own stream."""

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import anyio
 import mcp.types as types
 import pytest
-from mcp import Client
+from mcp import Client, ClientSession
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 from mcp.server.subscriptions import InMemorySubscriptionBus
+from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 from aggregator.config import parse_config
@@ -24,6 +27,7 @@ from aggregator.passthrough import Clients, Passthrough
 from aggregator.upstream.connection import raw_request
 from aggregator.upstream.pool import UpstreamPool
 from tests.conftest import aggregator_client, aggregator_env, kit_upstream, structured, write_config
+from tests.test_serve_http import http_aggregator
 
 
 async def test_prompts_and_resources_of_two_upstreams(tmp_path: Path) -> None:
@@ -145,3 +149,119 @@ async def test_requests_no_client_can_answer_get_config_roots_or_a_clear_error()
         # before any client is known, an upstream is declared everything the aggregator can relay
         declared = relay.client_capabilities()
         assert declared.sampling is not None and declared.roots is not None and declared.elicitation is not None
+
+
+def ask(server: str, method: str, params: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """catalog_call_tool arguments for testkit's `ask`: the upstream sends `method` to its client."""
+    return {"server": server, "tool": "ask", "arguments": {"method": method, "params": params or {}, **extra}}
+
+
+SAMPLE = {"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}], "maxTokens": 5}
+
+
+async def test_upstream_requests_reach_the_calling_client_or_fail_clearly(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"kit": kit_upstream()})
+    asked: list[str] = []
+
+    async def sampling(ctx: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        asked.append(params.messages[0].content.text)  # type: ignore[union-attr]
+        return types.CreateMessageResult(role="assistant", content=types.TextContent(type="text", text="ok"), model="m")
+
+    async def roots(ctx: Any) -> types.ListRootsResult:
+        return types.ListRootsResult(roots=[types.Root(uri="file:///work")])  # type: ignore[arg-type]
+
+    async with aggregator_client(config, sampling_callback=sampling, list_roots_callback=roots) as session:
+        sampled = structured(await session.call_tool("catalog_call_tool", ask("kit", "sampling/createMessage", SAMPLE)))
+        assert sampled["result"]["content"]["text"] == "ok" and asked == ["hi"]
+        listed = structured(await session.call_tool("catalog_call_tool", ask("kit", "roots/list")))
+        assert listed["result"]["roots"] == [{"uri": "file:///work"}]
+        # elicitation was not declared: the upstream hears a clear JSON-RPC error, the client nothing
+        refused = structured(await session.call_tool("catalog_call_tool", ask("kit", "elicitation/create", {})))
+        assert refused["error"]["code"] == types.INVALID_REQUEST
+        assert "did not declare elicitation" in refused["error"]["message"]
+        unknown = structured(await session.call_tool("catalog_call_tool", ask("kit", "no/such/method")))
+        assert unknown["error"]["code"] == types.METHOD_NOT_FOUND  # the client's own answer, relayed
+
+
+async def test_relayed_request_is_cancelled_with_the_upstream_and_bounded_by_the_timeout(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"kit": kit_upstream(timeouts={"call": 3})})
+    cancelled = anyio.Event()
+
+    async def sampling(ctx: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        try:
+            await anyio.sleep(300)
+        finally:
+            cancelled.set()
+        raise AssertionError("never answered")
+
+    async with aggregator_client(config, sampling_callback=sampling) as session:
+        # the upstream gives up on its request: the client's handler is cancelled too
+        result = await session.call_tool(
+            "catalog_call_tool", ask("kit", "sampling/createMessage", SAMPLE, cancel_after=1)
+        )
+        assert result.content[0].text == "cancelled"  # type: ignore[union-attr]
+        with anyio.fail_after(20):
+            await cancelled.wait()
+        # the upstream waits forever: the call timeout bounds both the relay and the call
+        cancelled = anyio.Event()
+        with anyio.fail_after(30):
+            timed_out = await session.call_tool("catalog_call_tool", ask("kit", "sampling/createMessage", SAMPLE))
+            await cancelled.wait()
+        assert timed_out.is_error
+
+
+async def test_modern_client_cannot_be_asked_and_the_upstream_hears_why(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"kit": kit_upstream()})
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "aggregator", "serve", "--config", str(config)], env=aggregator_env()
+    )
+    async with Client(params, mode="auto") as client:
+        result = await client.call_tool("catalog_call_tool", ask("kit", "sampling/createMessage", SAMPLE))
+        assert "2026-07-28" in result.structured_content["error"]["message"]  # type: ignore[index]
+
+
+async def test_two_http_clients_never_answer_each_others_requests(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"kit": kit_upstream()})
+    in_a, release_a = anyio.Event(), anyio.Event()
+
+    def sampler(tag: str) -> Any:
+        async def sampling(ctx: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+            if tag == "a":
+                in_a.set()
+                await release_a.wait()
+            return types.CreateMessageResult(
+                role="assistant", content=types.TextContent(type="text", text=f"from {tag}"), model="m"
+            )
+
+        return sampling
+
+    with http_aggregator(config) as url:
+        async with AsyncExitStack() as stack:
+            sessions = {}
+            for tag in ("a", "b"):
+                http = await stack.enter_async_context(create_mcp_http_client())
+                read, write = await stack.enter_async_context(streamable_http_client(url, http_client=http))
+                sessions[tag] = await stack.enter_async_context(
+                    ClientSession(read, write, sampling_callback=sampler(tag))
+                )
+                await sessions[tag].initialize()
+
+            async def sample(tag: str) -> dict[str, Any]:
+                return structured(
+                    await sessions[tag].call_tool("catalog_call_tool", ask("kit", "sampling/createMessage", SAMPLE))
+                )
+
+            with anyio.fail_after(60):
+                assert (await sample("b"))["result"]["content"]["text"] == "from b"  # one call in flight: its client
+                answers: dict[str, Any] = {}
+
+                async def run_a() -> None:
+                    answers["a"] = await sample("a")
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(run_a)
+                    await in_a.wait()  # a's call is in flight, its sampling request waits in a's hands
+                    answers["b"] = await sample("b")  # b's request cannot be told from a's: refused
+                    release_a.set()
+            assert answers["a"]["result"]["content"]["text"] == "from a"
+            assert "cannot tell which client" in answers["b"]["error"]["message"]
