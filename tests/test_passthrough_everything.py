@@ -126,6 +126,25 @@ async def test_prompts_resources_completions_logging_instructions(tmp_path: Path
         assert servers[0]["instructions"] == upstream.initialize_result.instructions  # type: ignore[union-attr]
 
 
+async def test_resource_subscription_updates_reach_the_subscriber(tmp_path: Path) -> None:
+    updated: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updated.append(str(message.params.uri))
+
+    async with aggregator_client(everything_config(tmp_path), message_handler=on_message) as session:
+        await session.call_tool("catalog_list_tools", {"server": "everything"})
+        uri = str((await session.list_resources()).resources[0].uri)
+        await session.subscribe_resource(uri)
+        await call(session, "everything", "toggle-subscriber-updates")
+        with anyio.fail_after(WAIT):
+            while uri not in updated:
+                await anyio.sleep(0.1)
+        await session.unsubscribe_resource(uri)
+        await call(session, "everything", "toggle-subscriber-updates")
+
+
 async def test_sampling_elicitation_and_roots_reach_the_client(tmp_path: Path) -> None:
     host = Host(roots=["file:///srv/project"])
     async with aggregator_client(everything_config(tmp_path), **host.callbacks()) as session:
