@@ -29,7 +29,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ResourceUpdated
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from aggregator.catalog.model import Catalog
+from aggregator.catalog.model import Catalog, ResourceEntry, ResourceTemplateEntry
 from aggregator.faults import Fault
 from aggregator.log import get_logger
 from aggregator.routing import ExposedPrompt, ResourceRouter, TaskRouter, build_prompt_table
@@ -163,14 +163,7 @@ class Passthrough:
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
         resources = [
-            types.Resource(
-                uri=r.uri,
-                name=r.name,
-                title=r.title,
-                description=r.description or None,
-                mime_type=r.mime_type,
-                _meta={OWNER_META_KEY: server},
-            )
+            types.Resource(uri=r.uri, **_listed(server, r))
             for server, catalog in self._catalogs.items()
             for r in catalog.resources
         ]
@@ -180,14 +173,7 @@ class Passthrough:
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
         templates = [
-            types.ResourceTemplate(
-                uri_template=t.uri_template,
-                name=t.name,
-                title=t.title,
-                description=t.description or None,
-                mime_type=t.mime_type,
-                _meta={OWNER_META_KEY: server},
-            )
+            types.ResourceTemplate(uri_template=t.uri_template, **_listed(server, t))
             for server, catalog in self._catalogs.items()
             for t in catalog.resource_templates
         ]
@@ -459,6 +445,17 @@ def _root(entry: str) -> dict[str, Any]:
     """A configured root (a directory or a URI) as a `roots/list` entry."""
     uri = entry if "://" in entry else Path(entry).expanduser().absolute().as_uri()
     return {"uri": uri, "name": entry.rstrip("/").rsplit("/", 1)[-1] or entry}
+
+
+def _listed(server: str, entry: ResourceEntry | ResourceTemplateEntry) -> dict[str, Any]:
+    """The fields a listed resource and a listed template share, with the upstream that serves it."""
+    return {
+        "name": entry.name,
+        "title": entry.title,
+        "description": entry.description or None,
+        "mime_type": entry.mime_type,
+        "_meta": {OWNER_META_KEY: server},
+    }
 
 
 def _prompt_wire(entry: ExposedPrompt) -> types.Prompt:
