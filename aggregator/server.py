@@ -30,6 +30,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from aggregator import __version__
+from aggregator.catalog.caps import capped_text
 from aggregator.catalog.model import Catalog
 from aggregator.catalog.search import ToolSearchIndex
 from aggregator.exposure import DirectTool, build_direct_tools
@@ -140,7 +141,7 @@ class AggregatorServer:
         self.bus = InMemorySubscriptionBus()
         self.listen = ListenHandler(self.bus)
         self.passthrough = Passthrough(pool, self.clients, self.bus)
-        self.passthrough.on_change = self._changed.set
+        self.passthrough.on_change = lambda: self._changed.set()  # the event is replaced after each fan-out
         pt = self.passthrough
         self.lowlevel = _Server(
             "aggregator",
@@ -203,7 +204,7 @@ class AggregatorServer:
         for name in direct:
             said = self.pool.connection(name).instructions
             if said:
-                parts.append(f"From {name}: {_capped(said, UPSTREAM_INSTRUCTIONS_CHARS)}")
+                parts.append(f"From {name}: {capped_text(said, UPSTREAM_INSTRUCTIONS_CHARS)}")
         return "\n".join(parts)
 
     # ------------------------------------------------------------ tools/list
@@ -250,7 +251,6 @@ class AggregatorServer:
         while True:
             await self._changed.wait()
             self._changed = anyio.Event()
-            self.passthrough.on_change = self._changed.set
             legacy = self.clients.legacy()
             if self._tools_changed:
                 self._tools_changed = False
@@ -278,7 +278,7 @@ class AggregatorServer:
         name, arguments = params.get("name"), params.get("arguments") or {}
         if name == "catalog_call_tool" and isinstance(arguments, Mapping):
             try:
-                tool = await self.catalog_tools._tool(str(arguments.get("server")), str(arguments.get("tool")))
+                tool = await self.catalog_tools.tool_entry(str(arguments.get("server")), str(arguments.get("tool")))
             except Fault as fault:
                 raise MCPError(types.INVALID_PARAMS, f"{fault.reason}: {fault.message}") from None
             server, upstream_tool, arguments = tool.server, tool.name, arguments.get("arguments") or {}
@@ -321,10 +321,6 @@ class AggregatorServer:
             await self._start_direct_upstreams()
             direct = self._direct.get(name)
         return direct
-
-
-def _capped(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
 def _shown(names: list[str]) -> str:

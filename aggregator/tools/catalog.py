@@ -11,7 +11,7 @@ from typing import Any
 
 import mcp.types as types
 
-from aggregator.catalog.caps import cap_list, json_size
+from aggregator.catalog.caps import cap_list, capped_text, json_size
 from aggregator.catalog.model import Catalog, ToolEntry
 from aggregator.catalog.search import ToolSearchIndex
 from aggregator.catalog.symbols import classify_tool
@@ -131,7 +131,7 @@ class CatalogTools:
                 "state": status.state,
                 "tool_count": status.tool_count,
                 "catalog_loaded": status.tool_count is not None,
-                "instructions": _capped(status.instructions, INSTRUCTIONS_CHARS),
+                "instructions": capped_text(status.instructions, INSTRUCTIONS_CHARS) if status.instructions else None,
             }
             for status in self.pool.statuses()
         ]
@@ -156,7 +156,7 @@ class CatalogTools:
 
     async def describe_tool(self, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
         server = _require_str(arguments, "server")
-        tool = await self._tool(server, _require_str(arguments, "tool"))
+        tool = await self.tool_entry(server, _require_str(arguments, "tool"))
         example_args = {key: f"<{key}>" for key in tool.required}
         payload = {
             "server": tool.server,
@@ -188,7 +188,7 @@ class CatalogTools:
                 args = {}
             if not isinstance(args, Mapping):
                 raise invalid_argument("'arguments' must be an object of the tool's arguments")
-            tool = await self._tool(server, name)  # proves the tool exists and resolves the server's case
+            tool = await self.tool_entry(server, name)  # proves the tool exists and resolves the server's case
             return await self.pool.call_tool(
                 tool.server, tool.name, args, ctx.report_progress, extra=ctx.extra, origin=ctx.origin
             )
@@ -203,7 +203,8 @@ class CatalogTools:
             self.pool.connection(server)  # raises unknown_server with the known names
         return await self.pool.ensure_catalog(name or server)
 
-    async def _tool(self, server: str, tool: str) -> ToolEntry:
+    async def tool_entry(self, server: str, tool: str) -> ToolEntry:
+        """The exposed tool `tool` of `server` (the server name matched ignoring case), loading its catalog."""
         catalog = await self._catalog(server)
         entry = catalog.tool(tool)
         if entry is None or entry.hidden:
@@ -214,12 +215,6 @@ class CatalogTools:
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def _capped(text: str | None, limit: int) -> str | None:
-    if text is None or len(text) <= limit:
-        return text
-    return text[: limit - 1].rstrip() + "…"
 
 
 def _tool_item(tool: ToolEntry) -> dict[str, Any]:
