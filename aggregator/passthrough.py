@@ -65,14 +65,18 @@ class Clients:
         self._connections.discard(connection)
 
     def capabilities(self) -> types.ClientCapabilities:
-        """The union of what the known clients declared; before any is known, all the aggregator can relay."""
-        known = list(self._connections)
+        """The union of what the known clients declared; before any is known, all the aggregator can relay.
+
+        A client is known once its capabilities are (its `initialize` committed, or a 2026-07-28
+        request envelope declared them); a 2026-07-28 client adds nothing, as it cannot be asked.
+        """
+        known = [c for c in list(self._connections) if c.client_capabilities is not None]
         if not known:
             return RELAYABLE_CAPABILITIES
         union: dict[str, Any] = {}
-        for connection in self.legacy():
+        for connection in known:
             caps = connection.client_capabilities
-            if caps is None:
+            if caps is None or connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
                 continue
             for key in ("roots", "sampling", "elicitation"):
                 value = getattr(caps, key)

@@ -10,6 +10,7 @@ import json
 import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -18,6 +19,7 @@ import pytest
 from mcp import Client, ClientSession
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.server.connection import Connection
 from mcp.server.subscriptions import InMemorySubscriptionBus
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
@@ -26,6 +28,7 @@ from aggregator.config import parse_config
 from aggregator.passthrough import Clients, Passthrough
 from aggregator.upstream.connection import raw_request
 from aggregator.upstream.pool import UpstreamPool
+from aggregator.upstream.session import RELAYABLE_CAPABILITIES
 from tests.conftest import aggregator_client, aggregator_env, kit_upstream, structured, write_config
 from tests.test_serve_http import http_aggregator
 
@@ -265,3 +268,25 @@ async def test_two_http_clients_never_answer_each_others_requests(tmp_path: Path
                     release_a.set()
             assert answers["a"]["result"]["content"]["text"] == "from a"
             assert "cannot tell which client" in answers["b"]["error"]["message"]
+
+
+def test_upstreams_are_declared_the_union_of_initialized_clients() -> None:
+    clients = Clients()
+    connections = []
+
+    def connect(version: str, caps: dict[str, Any] | None) -> None:
+        connection = Connection(object(), protocol_version=version)  # type: ignore[arg-type]  # never sends here
+        if caps is not None:
+            connection.client_capabilities = types.ClientCapabilities.model_validate(caps)
+        connections.append(connection)  # the registry holds clients weakly
+        clients.track(SimpleNamespace(session=SimpleNamespace(_connection=connection)))  # type: ignore[arg-type]
+
+    assert clients.capabilities() == RELAYABLE_CAPABILITIES  # nobody yet: all the aggregator can relay
+    connect("2025-11-25", None)  # mid-handshake: not known yet
+    assert clients.capabilities() == RELAYABLE_CAPABILITIES
+    connect("2025-11-25", {"sampling": {}})
+    connect("2025-06-18", {"elicitation": {"form": {}}, "roots": {"listChanged": True}})
+    connect("2026-07-28", {"sampling": {}, "experimental": {"x": {}}})  # cannot be asked: adds nothing
+    union = clients.capabilities().model_dump(by_alias=True, exclude_none=True)
+    assert union == {"sampling": {}, "elicitation": {"form": {}}, "roots": {"listChanged": True}}
+    assert len(clients.legacy()) == 3
