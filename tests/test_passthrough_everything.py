@@ -111,6 +111,11 @@ async def test_prompts_resources_completions_logging_instructions(tmp_path: Path
             completed.completion.values
             == (await upstream.complete(direct_ref, {"name": "department", "value": "E"})).completion.values
         )
+        template = types.ResourceTemplateReference(type="ref/resource", uri="demo://resource/dynamic/text/{resourceId}")
+        argument = {"name": "resourceId", "value": "1"}
+        assert (await session.complete(template, argument)).completion == (
+            await upstream.complete(template, argument)
+        ).completion
 
         # logging: the level reaches the upstream; its messages reach us named after it
         await session.set_logging_level("debug")
