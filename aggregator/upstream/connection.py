@@ -216,8 +216,17 @@ class UpstreamConnection:
         Bounded by the call timeout, as calls are; the upstream cancelling its
         request cancels this relay and, through it, the client's request.
         """
-        with anyio.fail_after(self.config.timeouts.call):
-            return await self._downstream().relay_request(self.name, method, params, list(self._origins.values()))
+        budget = self.config.timeouts.call
+        try:
+            with anyio.fail_after(budget):
+                return await self._downstream().relay_request(self.name, method, params, list(self._origins.values()))
+        except MCPError:
+            raise
+        except TimeoutError:
+            raise MCPError(types.REQUEST_TIMEOUT, f"{method}: the client did not answer within {budget:g}s") from None
+        except Exception as exc:  # the client went away, or its stream did
+            log.info("relay failed", upstream=self.name, method=method, error=str(exc)[:200])
+            raise MCPError(types.INTERNAL_ERROR, f"{method}: the client could not be reached") from None
 
     async def _relay_notification(self, method: str, params: Mapping[str, Any] | None) -> None:
         try:
