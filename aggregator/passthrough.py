@@ -1,24 +1,15 @@
-"""Everything besides tools, passed through (DESIGN §2.6).
+"""Everything besides tools, passed through (DESIGN §2.6): the client → upstream direction.
 
-Downstream handlers for prompts, resources, completions, logging and tasks, and
-the other direction: what upstreams ask of or tell the clients (sampling,
-elicitation, roots, ping; log messages, resource updates, task status).
-Routing decisions live in `aggregator.routing`; this module moves messages.
-
-Server→client requests have no link on the wire to the call that caused them
-(stdio carries none), so an upstream's request goes to the client whose
-request to *that upstream* is in flight. When requests of several clients are
-in flight to it, the target cannot be told: the upstream gets an error, never
-another client's answer. Outside any request, the one connected client
-answers (stdio); with several, `roots/list` answers from the upstream's
-configured `roots:` or fails.
+Downstream handlers for prompts, resources, completions, logging and tasks.
+Routing decisions live in `aggregator.routing`; the upstream → client direction
+(sampling, elicitation, roots, notifications) in `aggregator.relay`; this
+module moves requests.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import mcp.types as types
@@ -26,15 +17,15 @@ from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.subscriptions import InMemorySubscriptionBus
 from mcp.shared.exceptions import MCPError
-from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ResourceUpdated
+from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from aggregator.catalog.model import Catalog, ResourceEntry, ResourceTemplateEntry
 from aggregator.faults import Fault
 from aggregator.log import get_logger
+from aggregator.relay import Clients, Relay
 from aggregator.routing import ExposedPrompt, ResourceRouter, TaskRouter, build_prompt_table
 from aggregator.upstream.pool import UpstreamPool
-from aggregator.upstream.session import RELAYABLE_CAPABILITIES
 
 log = get_logger(__name__)
 
@@ -45,49 +36,8 @@ _KEPT_RESERVED_META = {"io.modelcontextprotocol/related-task"}
 _FAULT_CODES = {"timeout": types.REQUEST_TIMEOUT, "unknown_server": types.INVALID_PARAMS}
 
 
-class Clients:
-    """The connected clients (the SDK's per-client `Connection`), as requests reveal them."""
-
-    def __init__(self) -> None:
-        self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
-
-    def track(self, ctx: ServerRequestContext[Any, Any]) -> None:
-        connection = getattr(ctx.session, "_connection", None)
-        if connection is not None and connection not in self._connections:
-            self._connections.add(connection)
-            connection.exit_stack.callback(self.forget, connection)  # unwound when the client goes
-
-    def legacy(self) -> list[Connection]:
-        """Handshake-era clients: those that can receive notifications and requests on their own stream."""
-        return [c for c in list(self._connections) if c.protocol_version not in MODERN_PROTOCOL_VERSIONS]
-
-    def forget(self, connection: Connection) -> None:
-        self._connections.discard(connection)
-
-    def capabilities(self) -> types.ClientCapabilities:
-        """The union of what the known clients declared; before any is known, all the aggregator can relay.
-
-        A client is known once its capabilities are (its `initialize` committed, or a 2026-07-28
-        request envelope declared them); a 2026-07-28 client adds nothing, as it cannot be asked.
-        """
-        known = [c for c in list(self._connections) if c.client_capabilities is not None]
-        if not known:
-            return RELAYABLE_CAPABILITIES
-        union: dict[str, Any] = {}
-        for connection in known:
-            caps = connection.client_capabilities
-            if caps is None or connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
-                continue
-            for key in ("roots", "sampling", "elicitation"):
-                value = getattr(caps, key)
-                if value is not None:
-                    merged = union.setdefault(key, {})
-                    merged.update(value.model_dump(by_alias=True, exclude_none=True))
-        return types.ClientCapabilities.model_validate(union)
-
-
 class Passthrough:
-    """The handlers of the non-tool protocol, and the pool's `Downstream`."""
+    """The handlers of the non-tool protocol; installs the `Relay` as the pool's `Downstream`."""
 
     def __init__(self, pool: UpstreamPool, clients: Clients, bus: InMemorySubscriptionBus) -> None:
         self.pool = pool
@@ -98,7 +48,7 @@ class Passthrough:
         self._prompts: dict[str, ExposedPrompt] = {}
         self._fingerprints: dict[str, tuple[Any, Any]] = {}  # per server: (prompt names, resource keys)
         self._subscribers: dict[str, weakref.WeakSet[Connection]] = {}
-        self._elicitations: dict[str, Connection] = {}  # URL elicitation id → the client asked
+        self.relay = Relay(pool, clients, bus, self.tasks, self._subscribers)
         self._changed_prompts = False
         self._changed_resources = False
         self.on_change: Callable[[], None] = lambda: None  # the server wakes its fan-out
@@ -107,7 +57,7 @@ class Passthrough:
             self._on_catalog(server, catalog)
         self._changed_prompts = self._changed_resources = False
         pool.store.subscribe(self._on_catalog)
-        pool.downstream = self
+        pool.downstream = self.relay
         pool.on_call_result = self.note_result
 
     # ------------------------------------------------------------ catalogs → tables
@@ -306,86 +256,6 @@ class Passthrough:
         """Every tool result passing by: the resource links it carries become readable."""
         self.resources.remember(server, result)
 
-    # ------------------------------------------------------------ Downstream (what upstreams ask and tell)
-
-    def client_capabilities(self) -> types.ClientCapabilities:
-        return self.clients.capabilities()
-
-    async def relay_request(
-        self, upstream: str, method: str, params: Mapping[str, Any] | None, origins: Sequence[Any]
-    ) -> dict[str, Any]:
-        callers = [o for o in origins if isinstance(o, ServerRequestContext)]
-        connections = {id(c.session._connection): c for c in callers if hasattr(c.session, "_connection")}
-        if len(connections) > 1:
-            if method == "ping":
-                return {}
-            roots = self._configured_roots(upstream, method)
-            if roots is not None:
-                return roots
-            raise MCPError(
-                types.INVALID_REQUEST,
-                f"{method}: requests of several clients are in flight to {upstream!r}; "
-                "the aggregator cannot tell which client this is for",
-            )
-        if connections:
-            caller = callers[-1]
-            connection: Connection = caller.session._connection  # type: ignore[attr-defined]
-            send = caller.session._request_outbound.send_raw_request  # type: ignore[attr-defined]
-        else:
-            if method == "ping":
-                return {}
-            legacy = self.clients.legacy()
-            if len(legacy) != 1:
-                roots = self._configured_roots(upstream, method)
-                if roots is not None:
-                    return roots
-                hint = " (configure roots: for this upstream)" if method == "roots/list" else ""
-                raise MCPError(
-                    types.INVALID_REQUEST,
-                    f"{method} outside a call, with {len(legacy)} clients connected: the aggregator "
-                    f"cannot tell which client this is for{hint}",
-                )
-            connection = legacy[0]
-            send = connection.send_raw_request
-        _require_capability(connection, method, params)
-        timeout = self.pool.connection(upstream).config.timeouts.call
-        result = await send(method, dict(params) if params is not None else None, {"timeout": timeout})
-        if method == "elicitation/create" and params and isinstance(params.get("elicitationId"), str):
-            self._elicitations[params["elicitationId"]] = connection
-        return result
-
-    def _configured_roots(self, upstream: str, method: str) -> dict[str, Any] | None:
-        if method != "roots/list":
-            return None
-        roots = self.pool.connection(upstream).config.roots
-        if not roots:
-            return None
-        return {"roots": [_root(entry) for entry in roots]}
-
-    async def relay_notification(self, upstream: str, method: str, params: Mapping[str, Any] | None) -> None:
-        params = dict(params or {})
-        if method == "notifications/message":
-            logger = params.get("logger")
-            params["logger"] = f"{upstream}/{logger}" if isinstance(logger, str) and logger else upstream
-            targets = self.clients.legacy()
-        elif method == "notifications/resources/updated":
-            uri = params.get("uri")
-            if isinstance(uri, str):
-                await self.bus.publish(ResourceUpdated(uri=uri))
-            targets = list(self._subscribers.get(uri, ())) if isinstance(uri, str) else []
-        elif method == "notifications/tasks/status":
-            task_id = params.get("taskId")
-            owner = self.tasks.owner(task_id) if isinstance(task_id, str) else None
-            targets = [owner[1]] if owner is not None and owner[1] is not None else []
-        elif method == "notifications/elicitation/complete":
-            target = self._elicitations.pop(str(params.get("elicitationId")), None)
-            targets = [target] if target is not None else []
-        else:
-            return
-        for connection in targets:
-            if connection.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-                await connection.notify(method, params)
-
 
 # ---------------------------------------------------------------- helpers
 
@@ -417,38 +287,6 @@ def passthrough_meta(ctx: ServerRequestContext[Any]) -> dict[str, Any]:
         if key != "progressToken" and (not key.startswith(_RESERVED_META_PREFIX) or key in _KEPT_RESERVED_META)
     }
     return {"_meta": meta} if meta else {}
-
-
-_REQUIRED = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation", "roots/list": "roots"}
-
-
-def _require_capability(connection: Connection, method: str, params: Mapping[str, Any] | None) -> None:
-    """A clear JSON-RPC error for the upstream when the client cannot answer `method`."""
-    if connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
-        raise MCPError(
-            types.INVALID_REQUEST,
-            f"{method}: the client speaks {connection.protocol_version}, which has no server-to-client requests",
-        )
-    needed = _REQUIRED.get(method)
-    if needed is None:
-        return
-    caps = connection.client_capabilities
-    declared = getattr(caps, needed, None) if caps is not None else None
-    if needed == "elicitation" and declared is not None:
-        mode = (params or {}).get("mode") or "form"
-        modes = declared.model_dump(exclude_none=True)
-        if (mode not in modes) if modes else (mode != "form"):  # an empty object means form only (spec)
-            declared = None
-    if declared is None:
-        raise MCPError(
-            types.INVALID_REQUEST, f"{method}: the client connected to the aggregator did not declare {needed}"
-        )
-
-
-def _root(entry: str) -> dict[str, Any]:
-    """A configured root (a directory or a URI) as a `roots/list` entry."""
-    uri = entry if "://" in entry else Path(entry).expanduser().absolute().as_uri()
-    return {"uri": uri, "name": entry.rstrip("/").rsplit("/", 1)[-1] or entry}
 
 
 def _listed(server: str, entry: ResourceEntry | ResourceTemplateEntry) -> dict[str, Any]:

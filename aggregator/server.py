@@ -36,7 +36,8 @@ from aggregator.catalog.search import ToolSearchIndex
 from aggregator.exposure import DirectTool, build_direct_tools
 from aggregator.faults import Fault
 from aggregator.log import get_logger
-from aggregator.passthrough import Clients, Passthrough, for_era, passthrough_meta
+from aggregator.passthrough import Passthrough, for_era, passthrough_meta
+from aggregator.relay import Clients
 from aggregator.tools.base import OwnTool, ToolContext, fault_result, text_result
 from aggregator.tools.catalog import CatalogTools
 from aggregator.tools.introspection import introspection_tools

@@ -25,7 +25,8 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 from aggregator.config import parse_config
-from aggregator.passthrough import Clients, Passthrough
+from aggregator.passthrough import Passthrough
+from aggregator.relay import Clients
 from aggregator.upstream.connection import raw_request
 from aggregator.upstream.pool import UpstreamPool
 from aggregator.upstream.session import RELAYABLE_CAPABILITIES
@@ -138,7 +139,7 @@ async def test_requests_no_client_can_answer_get_config_roots_or_a_clear_error()
     )
     assert config.upstreams["kit"].roots == ["/srv/app", "https://example.com/r"]
     async with UpstreamPool.running(config) as pool:
-        relay = Passthrough(pool, Clients(), InMemorySubscriptionBus())
+        relay = Passthrough(pool, Clients(), InMemorySubscriptionBus()).relay
         assert pool.downstream is relay
         roots = await relay.relay_request("kit", "roots/list", None, [])
         assert roots == {
