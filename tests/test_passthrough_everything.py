@@ -9,19 +9,23 @@ has installed the servers.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import anyio
 import mcp.types as types
+import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from aggregator.upstream.connection import raw_request
-from tests.conftest import aggregator_client, structured, write_config
-from tests.test_official_servers import TIMEOUTS, call, direct_session, everything, node_server
+from tests.conftest import ROOT, aggregator_client, aggregator_env, structured, write_config
+from tests.test_official_servers import NODE_DIR, TIMEOUTS, call, direct_session, everything, node_server
 from tests.test_serve_http import http_aggregator
 
 WAIT = 60  # generous: npx-launched node servers on two busy cores
@@ -281,3 +285,67 @@ async def test_two_http_clients_each_answer_their_own_sampling(tmp_path: Path) -
         for tag in ("a", "b"):
             assert all(prompt.split(": ")[-1].startswith(f"{tag}-") for prompt in hosts[tag].sampled)
         assert hosts["plain"].sampled == []
+
+
+HTTP_UPSTREAM_SCRIPT = """
+import json, os, socket, subprocess, sys, time
+import anyio
+import mcp.types as types
+import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+node_dir, config = sys.argv[1], sys.argv[2]
+server = subprocess.Popen(["npx", "--no", "mcp-server-everything", "streamableHttp"], cwd=node_dir,
+                          env={**os.environ, "PORT": "3917"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+for _ in range(600):
+    try:
+        socket.create_connection(("127.0.0.1", 3917), timeout=0.2).close()
+        break
+    except OSError:
+        time.sleep(0.1)
+
+async def sampling(ctx, params):
+    content = types.TextContent(type="text", text="sampled over http")
+    return types.CreateMessageResult(role="assistant", content=content, model="m")
+
+async def roots(ctx):
+    return types.ListRootsResult(roots=[types.Root(uri="file:///over/http")])
+
+async def main():
+    params = StdioServerParameters(command=sys.executable, args=["-m", "aggregator", "serve", "--config", config])
+    async with stdio_client(params) as (r, w), ClientSession(
+        r, w, sampling_callback=sampling, list_roots_callback=roots
+    ) as session:
+        await session.initialize()
+        for tool, args in (("trigger-sampling-request", {"prompt": "x", "maxTokens": 5}), ("get-roots-list", {})):
+            result = await session.call_tool("catalog_call_tool", {"server": "ev", "tool": tool, "arguments": args})
+            print(json.dumps(result.content[0].text))
+
+try:
+    anyio.run(main)
+finally:
+    server.terminate()
+"""
+
+
+def test_requests_of_an_http_upstream_reach_the_client(tmp_path: Path) -> None:
+    """server-everything over streamable HTTP, inside a private network namespace (it binds every interface)."""
+    everything()  # skips when the npm servers are not installed
+    if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare -n (a private network namespace) is not permitted here")
+    config = write_config(tmp_path, {"ev": {"url": "http://127.0.0.1:3917/mcp", "timeouts": TIMEOUTS}})
+    script = tmp_path / "drive.py"
+    script.write_text(HTTP_UPSTREAM_SCRIPT)
+    inner = f"ip link set lo up; exec {sys.executable} {script} {NODE_DIR} {config}"
+    done = subprocess.run(
+        ["unshare", "-n", "sh", "-c", inner],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        env=aggregator_env(),
+    )
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(answers) == 2, done.stderr[-2000:]
+    assert "sampled over http" in answers[0] and "file:///over/http" in answers[1]
