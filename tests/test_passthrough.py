@@ -291,3 +291,37 @@ def test_upstreams_are_declared_the_union_of_initialized_clients() -> None:
     union = clients.capabilities().model_dump(by_alias=True, exclude_none=True)
     assert union == {"sampling": {}, "elicitation": {"form": {}}, "roots": {"listChanged": True}}
     assert len(clients.legacy()) == 3
+
+
+async def test_a_misbehaving_upstreams_requests_get_errors_and_harm_nothing(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"kit": kit_upstream()})
+
+    async def sampling(ctx: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        return types.CreateMessageResult(role="assistant", content=types.TextContent(type="text", text="ok"), model="m")
+
+    async with aggregator_client(config, sampling_callback=sampling) as session:
+        garbage = [
+            ("sampling/createMessage", {"messages": "not a list"}),  # the client's own validation answers
+            ("sampling/createMessage", {"maxTokens": -1, "messages": [{"role": "robot"}]}),
+            ("roots/list", {}),  # not declared by this client
+            ("elicitation/create", {"mode": "url", "url": 5}),
+            ("tools/call", {"name": "x"}),  # a client method, sent the wrong way round
+        ]
+        for method, params in garbage:
+            answer = structured(await session.call_tool("catalog_call_tool", ask("kit", method, params)))
+            assert set(answer) == {"error"} and isinstance(answer["error"]["code"], int), (method, answer)
+        burst: list[dict[str, Any]] = []
+
+        async def one() -> None:
+            burst.append(
+                structured(await session.call_tool("catalog_call_tool", ask("kit", "sampling/createMessage", SAMPLE)))
+            )
+
+        async with anyio.create_task_group() as tg:  # many requests of one client at once: all its own
+            for _ in range(20):
+                tg.start_soon(one)
+        assert [b["result"]["content"]["text"] for b in burst] == ["ok"] * 20
+        echo = await session.call_tool(
+            "catalog_call_tool", {"server": "kit", "tool": "echo", "arguments": {"message": "alive"}}
+        )
+        assert echo.content[0].text == "alive"  # type: ignore[union-attr]

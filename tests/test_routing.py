@@ -98,3 +98,22 @@ def test_task_router_remembers_created_tasks() -> None:
     tasks.remember_id("other", "t1")  # a listing never steals a task its creator is known for
     assert tasks.owner("t1") == ("up", "client")
     assert tasks.owner("t2") is None
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(JSON, st.text(max_size=40))
+def test_whatever_an_upstream_returns_routing_never_breaks(result: Any, uri: str) -> None:
+    router = ResourceRouter(["a"])
+    router.rebuild({"a": catalog("a", resources=["x://1"], templates=["x://{id}", "{+path}"])})
+    router.remember("a", result)  # any JSON as a tool result: links found or nothing, never an exception
+    router.remember("a", {"content": result})
+    assert router.resolve(uri) in (None, "a")
+    tasks = TaskRouter()
+    tasks.remember("a", result)
+    tasks.remember("a", {"task": result})
