@@ -325,3 +325,15 @@ async def test_a_misbehaving_upstreams_requests_get_errors_and_harm_nothing(tmp_
             "catalog_call_tool", {"server": "kit", "tool": "echo", "arguments": {"message": "alive"}}
         )
         assert echo.content[0].text == "alive"  # type: ignore[union-attr]
+
+
+async def test_both_eras_over_http_get_prompts_and_resources(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"kit": kit_upstream(start="eager")})
+    with http_aggregator(config) as url:
+        for mode in ("legacy", "auto"):  # auto: the 2026-07-28 era
+            async with Client(url, mode=mode) as client:  # type: ignore[arg-type]
+                await client.call_tool("catalog_list_tools", {"server": "kit"})
+                got = await client.get_prompt("kit__greet", {"name": mode})
+                assert mode in got.messages[0].content.text  # type: ignore[union-attr]
+                read = await client.read_resource("testkit://items/9")
+                assert read.contents[0].text == "item 9"  # type: ignore[union-attr]
