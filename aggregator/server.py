@@ -1,14 +1,17 @@
 """The downstream MCP server: tool registry, direct exposure, list_changed fan-out.
 
 One low-level `mcp.server.Server` serves the aggregator's own tools (package
-`aggregator`) plus the directly exposed upstream tools. Requests flow
-client → here → a tool family → catalog or upstream pool → one upstream.
+`aggregator`) plus the directly exposed upstream tools, and hands the rest of
+the protocol (prompts, resources, completions, logging, tasks, and the
+upstreams' requests to the client) to `aggregator.passthrough`. Requests flow
+client → here → a tool family or the pass-through → catalog or upstream pool →
+one upstream.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,18 +21,23 @@ import anyio.abc
 import mcp.types as types
 from mcp.server import Server
 from mcp.server._otel import OpenTelemetryMiddleware
+from mcp.server.caching import CacheHint
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from aggregator import __version__
+from aggregator.catalog.caps import capped_text
 from aggregator.catalog.model import Catalog
 from aggregator.catalog.search import ToolSearchIndex
 from aggregator.exposure import DirectTool, build_direct_tools
 from aggregator.faults import Fault
 from aggregator.log import get_logger
+from aggregator.passthrough import Passthrough, for_era, passthrough_meta
+from aggregator.relay import Clients
 from aggregator.tools.base import OwnTool, ToolContext, fault_result, text_result
 from aggregator.tools.catalog import CatalogTools
 from aggregator.tools.introspection import introspection_tools
@@ -38,19 +46,35 @@ from aggregator.upstream.pool import ConfigDiff, UpstreamPool
 
 log = get_logger(__name__)
 
-INSTRUCTIONS = """\
-This server fronts {count} MCP servers ({names}). Their tools are not listed one by one:
+INSTRUCTIONS_HEAD = "This server fronts {count} MCP servers ({names})."
+INSTRUCTIONS_CATALOG = """\
+The tools of {names} are not listed one by one:
 1. Find a tool: catalog_search_tools(query="what you want to do");
    add load=true to also start servers not yet running.
 2. Check its arguments: catalog_describe_tool(server, tool).
 3. Call it: catalog_call_tool(server, tool, arguments={{...}}); the result is the tool's own.
-Browse with catalog_list_servers and catalog_list_tools(server). apropos-search and who-references
-find names and parameters across catalogs; search_create_index, search_add_document and search_index
-keep your own notes."""
+Browse with catalog_list_servers and catalog_list_tools(server)."""
+INSTRUCTIONS_DIRECT = "The tools of {names} are listed directly, named <server>__<tool>."
+INSTRUCTIONS_TAIL = """\
+Their prompts are listed as <server>__<prompt>; their resources keep their own URIs.
+apropos-search and who-references find names and parameters across catalogs; search_create_index,
+search_add_document and search_index keep your own notes."""
+UPSTREAM_INSTRUCTIONS_CHARS = 1000  # per direct upstream, in our own instructions
 
 
 class _Server(Server[Any]):
-    """The low-level server, advertising `tools.listChanged` on every transport."""
+    """The low-level server: list_changed for tools, prompts and resources on every transport, tasks,
+    and instructions computed when a client connects (they name what is running by then)."""
+
+    instructions_source: Callable[[], str] | None = None
+
+    @property  # type: ignore[override]
+    def instructions(self) -> str | None:
+        return self.instructions_source() if self.instructions_source is not None else self._instructions
+
+    @instructions.setter
+    def instructions(self, value: str | None) -> None:
+        self._instructions = value
 
     def create_initialization_options(
         self,
@@ -59,10 +83,33 @@ class _Server(Server[Any]):
         extensions: dict[str, dict[str, Any]] | None = None,
     ) -> InitializationOptions:
         return super().create_initialization_options(
-            notification_options or NotificationOptions(tools_changed=True),
+            notification_options
+            or NotificationOptions(tools_changed=True, prompts_changed=True, resources_changed=True),
             experimental_capabilities,
             extensions,
         )
+
+    def get_capabilities(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+        *,
+        protocol_version: str | None = None,
+    ) -> types.ServerCapabilities:
+        caps = super().get_capabilities(
+            notification_options, experimental_capabilities, extensions, protocol_version=protocol_version
+        )
+        if protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return caps
+        tasks = types.ServerTasksCapability(
+            list=types.TasksListCapability(),
+            cancel=types.TasksCancelCapability(),
+            requests=types.ServerTasksRequestsCapability(
+                tools=types.TasksToolsCapability(call=types.TasksCallCapability())
+            ),
+        )
+        return caps.model_copy(update={"tasks": tasks})
 
 
 class AggregatorServer:
@@ -88,16 +135,36 @@ class AggregatorServer:
         self._direct_catalogs: dict[str, Catalog] = {}  # the last catalog each direct upstream listed
         self._listing: types.ListToolsResult | None = None
         self._changed = anyio.Event()
-        self._legacy_sessions: dict[Any, Any] = {}  # connection -> session; dropped when the connection ends
+        self._tools_changed = False
+        self.clients = Clients()
         self.bus = InMemorySubscriptionBus()
         self.listen = ListenHandler(self.bus)
+        self.passthrough = Passthrough(pool, self.clients, self.bus)
+        self.passthrough.on_change = lambda: self._changed.set()  # the event is replaced after each fan-out
+        pt = self.passthrough
         self.lowlevel = _Server(
             "aggregator",
             version=__version__,
-            instructions=self._instructions(),
+            # A 2026-07-28 resources/read result must say how long it may be cached; an upstream of the
+            # handshake era never does. A proxy cannot know: immediately stale, never shared.
+            cache_hints={"resources/read": CacheHint(ttl_ms=0, scope="private")},
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
             on_subscriptions_listen=self.listen,
+            on_list_prompts=pt.list_prompts,
+            on_get_prompt=pt.get_prompt,  # type: ignore[arg-type]  # raw result dicts pass through
+            on_list_resources=pt.list_resources,
+            on_list_resource_templates=pt.list_resource_templates,
+            on_read_resource=pt.read_resource,  # type: ignore[arg-type]
+            on_subscribe_resource=pt.subscribe,  # type: ignore[arg-type]
+            on_unsubscribe_resource=pt.unsubscribe,  # type: ignore[arg-type]
+            on_completion=pt.complete,  # type: ignore[arg-type]
+        )
+        self.lowlevel.instructions_source = self._instructions
+        # Registered directly: the constructor arguments for these warn that 2026-07-28 deprecates them.
+        self.lowlevel.add_request_handler("logging/setLevel", types.SetLevelRequestParams, pt.set_level)
+        self.lowlevel.add_notification_handler(
+            "notifications/roots/list_changed", types.NotificationParams, pt.roots_changed
         )
         # The SDK wraps every request in an OpenTelemetry span; without a configured tracer that is pure
         # per-call cost on the proxy's hot path, so keep it only when the operator asked for tracing.
@@ -127,9 +194,21 @@ class AggregatorServer:
             self.text_search.close()
 
     def _instructions(self) -> str:
+        """What this server really exposes: catalog upstreams, direct ones, and what the direct ones said."""
         names = self.pool.upstream_names()
-        shown = ", ".join(names[:12]) + (", …" if len(names) > 12 else "")
-        return INSTRUCTIONS.format(count=len(names), names=shown or "none configured")
+        direct = [name for name in names if self.pool.config.upstreams[name].expose == "direct"]
+        behind = [name for name in names if name not in direct]
+        parts = [INSTRUCTIONS_HEAD.format(count=len(names), names=_shown(names) or "none configured")]
+        if behind:
+            parts.append(INSTRUCTIONS_CATALOG.format(names=_shown(behind)))
+        if direct:
+            parts.append(INSTRUCTIONS_DIRECT.format(names=_shown(direct)))
+        parts.append(INSTRUCTIONS_TAIL)
+        for name in direct:
+            said = self.pool.connection(name).instructions
+            if said:
+                parts.append(f"From {name}: {capped_text(said, UPSTREAM_INSTRUCTIONS_CHARS)}")
+        return "\n".join(parts)
 
     # ------------------------------------------------------------ tools/list
 
@@ -167,6 +246,7 @@ class AggregatorServer:
         if [(d.exposed, d.wire) for d in table.values()] != [(d.exposed, d.wire) for d in self._direct.values()]:
             self._direct = table
             self._listing = None
+            self._tools_changed = True
             self._changed.set()
 
     def _reconfigured(self, diff: ConfigDiff) -> None:
@@ -185,52 +265,80 @@ class AggregatorServer:
             self._changed.set()  # clients list again; that starts new direct upstreams (DESIGN §3)
 
     async def _fan_out(self) -> None:
-        """Tell every client that the tool list changed (legacy sessions and modern listeners)."""
+        """Tell every client what changed: tools, prompts, resources (legacy sessions and modern listeners)."""
         while True:
             await self._changed.wait()
             self._changed = anyio.Event()
-            await self.bus.publish(ToolsListChanged())
-            for connection, session in list(self._legacy_sessions.items()):
-                try:
-                    await session.send_tool_list_changed()
-                except Exception as exc:
-                    log.debug("list_changed not delivered", error=str(exc))
-                    self._legacy_sessions.pop(connection, None)
+            legacy = self.clients.legacy()
+            if self._tools_changed:
+                self._tools_changed = False
+                await self.bus.publish(ToolsListChanged())
+                for connection in legacy:
+                    try:
+                        await connection.send_tool_list_changed()
+                    except Exception as exc:
+                        log.debug("list_changed not delivered", error=str(exc))
+                        self.clients.forget(connection)
+            await self.passthrough.announce(legacy)
 
     async def _track_session(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
-        session = ctx.session
-        connection = getattr(session, "_connection", None)
-        if (
-            connection is not None
-            and connection not in self._legacy_sessions
-            and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        self.clients.track(ctx)
+        if ctx.request_id is not None and (
+            ctx.method.startswith("tasks/") or (ctx.method == "tools/call" and (ctx.params or {}).get("task"))
         ):
-            # Not a weak mapping: the session refers to its connection, so a weak key never died (a leak
-            # per closed HTTP session). The connection's exit stack unwinds when it ends, however it ends.
-            self._legacy_sessions[connection] = session
-            connection.exit_stack.callback(self._legacy_sessions.pop, connection, None)
+            return await self._task_request(ctx)  # tasks are not in the SDK's method tables: answered raw here
         return await call_next(ctx)
+
+    async def _task_request(self, ctx: ServerRequestContext[Any, Any]) -> HandlerResult:
+        if ctx.method != "tools/call":
+            return await self.passthrough.task_request(ctx)
+        params = ctx.params or {}
+        name, arguments = params.get("name"), params.get("arguments") or {}
+        if name == "catalog_call_tool" and isinstance(arguments, Mapping):
+            try:
+                tool = await self.catalog_tools.tool_entry(str(arguments.get("server")), str(arguments.get("tool")))
+            except Fault as fault:
+                raise MCPError(types.INVALID_PARAMS, f"{fault.reason}: {fault.message}") from None
+            server, upstream_tool, arguments = tool.server, tool.name, arguments.get("arguments") or {}
+        else:
+            direct = await self._direct_tool(str(name))
+            if direct is None:
+                raise MCPError(types.INVALID_PARAMS, f"no tool named {name!r} can run as a task")
+            server, upstream_tool = direct.server, direct.tool
+        if not isinstance(arguments, Mapping):
+            raise MCPError(types.INVALID_PARAMS, "'arguments' must be an object")
+        return await self.passthrough.call_as_task(server, upstream_tool, ctx, arguments)
 
     # ------------------------------------------------------------ tools/call
 
     async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
         name = params.name
         arguments: Mapping[str, Any] = params.arguments or {}
-        tool_ctx = ToolContext(report_progress=ctx.session.report_progress)
+        tool_ctx = ToolContext(report_progress=ctx.session.report_progress, extra=passthrough_meta(ctx), origin=ctx)
         try:
             own = self._own.get(name)
             if own is not None:
-                return _for_era(await own.handler(arguments, tool_ctx), ctx.protocol_version)
-            direct = self._direct.get(name)
+                return for_era(await own.handler(arguments, tool_ctx), ctx.protocol_version)
+            direct = await self._direct_tool(name)
             if direct is not None:
-                result = await self.pool.call_tool(direct.server, direct.tool, arguments, tool_ctx.report_progress)
-                return _for_era(result, ctx.protocol_version)
+                result = await self.pool.call_tool(
+                    direct.server, direct.tool, arguments, tool_ctx.report_progress, extra=tool_ctx.extra, origin=ctx
+                )
+                return for_era(result, ctx.protocol_version)
             return fault_result(Fault("unknown_tool", f"no tool named {name!r}; use catalog_search_tools"))
         except Fault as fault:
             return fault_result(fault)
         except Exception as exc:
             log.exception("tool failed", tool=name)
             return text_result(f"internal error in aggregator tool {name}: {type(exc).__name__}: {exc}", is_error=True)
+
+    async def _direct_tool(self, name: str) -> DirectTool | None:
+        """The direct tool `name`; a call before any tools/list starts the direct upstreams to find it."""
+        direct = self._direct.get(name)
+        if direct is None and any(server not in self._direct_catalogs for server in self._direct_predicates):
+            await self._start_direct_upstreams()
+            direct = self._direct.get(name)
+        return direct
 
 
 def _direct_predicates(pool: UpstreamPool) -> dict[str, Any]:
@@ -242,12 +350,5 @@ def _direct_predicates(pool: UpstreamPool) -> dict[str, Any]:
     }
 
 
-def _for_era(result: Any, protocol_version: str) -> Any:
-    """An upstream's raw result, stamped with what the client's protocol era requires.
-
-    A 2026-07-28 client requires `resultType` on every result; upstreams of the
-    handshake era never send it. Nothing else is touched.
-    """
-    if isinstance(result, dict) and protocol_version in MODERN_PROTOCOL_VERSIONS and "resultType" not in result:
-        return {**result, "resultType": "complete"}
-    return result
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:12]) + (", …" if len(names) > 12 else "")

@@ -173,6 +173,26 @@ CORE_TOOLS: list[dict[str, Any]] = [
         "inputSchema": {"type": "object", "properties": {}},
         "annotations": _READ_ONLY,
     },
+    {
+        "name": "ask",
+        "description": "Send a request to the client (sampling/createMessage, roots/list, ...) and return its answer; "
+        "with cancel_after, cancel it after that many seconds instead.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "method": {"type": "string"},
+                "params": {"type": "object"},
+                "cancel_after": {"type": "number", "minimum": 0},
+            },
+            "required": ["method"],
+        },
+    },
+    {
+        "name": "meta",
+        "description": "Return the _meta of this tools/call request as it arrived (structuredContent.meta).",
+        "inputSchema": {"type": "object", "properties": {}},
+        "annotations": _READ_ONLY,
+    },
 ]
 CORE_NAMES = frozenset(tool["name"] for tool in CORE_TOOLS)
 
@@ -282,11 +302,12 @@ class Wire:
 class Call:
     """One in-flight ``tools/call``: its id, progress token and cancellation flag."""
 
-    __slots__ = ("cancelled", "progress_token", "request_id")
+    __slots__ = ("cancelled", "meta", "progress_token", "request_id")
 
-    def __init__(self, request_id: Any, progress_token: Any) -> None:
+    def __init__(self, request_id: Any, progress_token: Any, meta: Any = None) -> None:
         self.request_id = request_id
         self.progress_token = progress_token
+        self.meta = meta
         self.cancelled = threading.Event()
 
 
@@ -345,6 +366,8 @@ class Testkit:
         self.extra_names: list[str] = []
         self.catalog = load_catalog(opts.catalog) if opts.catalog else None
         self.calls: dict[Any, Call] = {}
+        self.asked: dict[str, tuple[threading.Event, list[dict[str, Any]]]] = {}  # our requests to the client
+        self.asked_count = 0
         self.calls_lock = threading.Lock()
         self.state_lock = threading.Lock()
         self.requests: dict[str, Callable[[dict[str, Any]], dict[str, Any] | None]] = {
@@ -372,6 +395,11 @@ class Testkit:
             "big": self.tool_big,
             "set_tools": self.tool_set_tools,
             "pid": lambda _args, _call: text_result(str(os.getpid())),
+            "ask": self.tool_ask,
+            "meta": lambda _args, call: {
+                "content": [text_block(json.dumps(call.meta))],
+                "structuredContent": {"meta": call.meta},
+            },
         }
 
     # ---- dispatch -------------------------------------------------------------------------
@@ -393,7 +421,11 @@ class Testkit:
         if params is None:
             params = {}
         if method is None:
-            return  # a response to a request we never send: ignore it
+            waiter = self.asked.get(str(message.get("id")))
+            if waiter is not None:  # the answer to an `ask`
+                waiter[1].append(message)
+                waiter[0].set()
+            return  # otherwise a response to a request we never sent: ignore it
         if "id" not in message:
             self.handle_notification(method, params)
             return
@@ -533,7 +565,7 @@ class Testkit:
             return
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
-        call = Call(request_id, token)
+        call = Call(request_id, token, meta)
         with self.calls_lock:
             self.calls[request_id] = call
         threading.Thread(target=self.run_call, args=(handler, args, call), daemon=True).start()
@@ -570,6 +602,27 @@ class Testkit:
         if call.cancelled.is_set() and not self.opts.ignore_cancel:
             return  # cancelled: the client expects no answer
         self.wire.result(call.request_id, result)
+
+    def tool_ask(self, args: dict[str, Any], _call: Call) -> dict[str, Any]:
+        method = _arg(args, "method", "string")
+        params = args.get("params") or {}
+        cancel_after = args.get("cancel_after")
+        with self.state_lock:
+            self.asked_count += 1
+            request_id = f"ask-{self.asked_count}"
+        done, answer = threading.Event(), []
+        self.asked[request_id] = (done, answer)
+        try:
+            self.wire.send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+            if not done.wait(cancel_after if isinstance(cancel_after, int | float) else 120):
+                self.wire.notify("notifications/cancelled", {"requestId": request_id, "reason": "testkit gave up"})
+                record_event(self.opts, f"ask cancelled {request_id}")
+                return text_result("cancelled")
+        finally:
+            self.asked.pop(request_id, None)
+        response = answer[0]
+        outcome = {"result": response["result"]} if "result" in response else {"error": response.get("error")}
+        return {"content": [text_block(json.dumps(outcome))], "structuredContent": outcome}
 
     def tool_add(self, args: dict[str, Any], _call: Call) -> dict[str, Any]:
         total = _arg(args, "a", "number") + _arg(args, "b", "number")

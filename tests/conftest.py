@@ -164,9 +164,12 @@ def aggregator_env(**extra: str) -> dict[str, str]:
 
 @asynccontextmanager
 async def aggregator_client(
-    config: Path, *args: str, env: dict[str, str] | None = None, errlog: Any = None
+    config: Path, *args: str, env: dict[str, str] | None = None, errlog: Any = None, **session: Any
 ) -> AsyncIterator[ClientSession]:
-    """An initialized MCP client session to a real `aggregator serve` subprocess over stdio."""
+    """An initialized MCP client session to a real `aggregator serve` subprocess over stdio.
+
+    `session` goes to `ClientSession` (sampling/elicitation/list_roots callbacks declare those capabilities).
+    """
     params = StdioServerParameters(
         command=sys.executable,
         args=["-m", "aggregator", "serve", "--config", str(config), *args],
@@ -174,7 +177,7 @@ async def aggregator_client(
     )
     async with (
         stdio_client(params, errlog=errlog or sys.stderr) as (read, write),
-        ClientSession(read, write) as session,
+        ClientSession(read, write, **session) as session,
     ):
         await session.initialize()
         yield session

@@ -47,6 +47,8 @@ TESTKIT_CORE = {
     "big",
     "set_tools",
     "pid",
+    "ask",
+    "meta",
 }
 
 
@@ -257,7 +259,7 @@ async def test_notes_offers_tools_prompts_resources_and_templates() -> None:
 
 
 async def test_testkit_paginates_and_lists_prompts_and_resources() -> None:
-    async with stdio_session(TESTKIT, "--page-size", "4", "--tools", "5", "--tag", "pg") as session:
+    async with stdio_session(TESTKIT, "--page-size", "4", "--tools", "3", "--tag", "pg") as session:
         names: list[str] = []
         cursor: str | None = None
         pages = 0
@@ -269,8 +271,8 @@ async def test_testkit_paginates_and_lists_prompts_and_resources() -> None:
             cursor = page.next_cursor
             if cursor is None:
                 break
-        assert pages == 4  # 11 core tools + 5 noop tools, 4 per page
-        assert set(names) == TESTKIT_CORE | {f"noop_00{i}" for i in range(1, 6)}
+        assert pages == 4  # 13 core tools + 3 noop tools, 4 per page
+        assert set(names) == TESTKIT_CORE | {f"noop_00{i}" for i in range(1, 4)}
         assert len((await session.list_prompts()).prompts) == 2
         assert len((await session.list_resources()).resources) == 2
         assert len((await session.list_resource_templates()).resource_templates) == 2

@@ -43,7 +43,8 @@ HOW = "run .ci/install-servers (needs network access to the registries)"
 TIMEOUTS = {"connect": 30}  # generous: several servers start at once on 2 busy cores
 
 # server-everything registers these only for clients declaring roots, sampling or elicitation
-# (INDEX.json); the aggregator declares none towards its upstreams, the host's test client neither.
+# (INDEX.json); the aggregator declares to its upstreams what its client declared, and the host's
+# test client here declares none.
 EVERYTHING_CAPABILITY_TOOLS = {
     "get-roots-list",
     "trigger-elicitation-request",

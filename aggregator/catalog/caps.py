@@ -24,6 +24,11 @@ def dumps(payload: Any) -> str:
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
 
 
+def capped_text(text: str, limit: int) -> str:
+    """`text`, cut to at most `limit` characters with an ellipsis when it is longer."""
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
 def cap_list(
     items: Sequence[Any],
     build: Callable[[list[Any], bool], dict[str, Any]],

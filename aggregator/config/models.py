@@ -83,6 +83,7 @@ class UpstreamPresentation(BaseModel):
     expose: Literal["catalog", "direct"] = "catalog"
     pin: list[str] = Field(default_factory=list)
     tools: ToolFilter = Field(default_factory=ToolFilter)
+    roots: list[str] = Field(default_factory=list)  # directories or URIs: roots/list when no client can say
 
 
 class UpstreamConfig(UpstreamPresentation):

@@ -28,9 +28,16 @@ async def _no_progress(progress: float, total: float | None, message: str | None
 
 @dataclass(frozen=True, slots=True)
 class ToolContext:
-    """Per-call context: progress to the calling client, if it asked for it."""
+    """Per-call context: progress to the calling client, if it asked for it.
+
+    `extra` holds request params a forwarded call passes on as they came (the
+    client's `_meta` keys); `origin` is the client's request, so an upstream's
+    own requests during the call (sampling, elicitation) reach that client.
+    """
 
     report_progress: ProgressFn = _no_progress
+    extra: Mapping[str, Any] | None = None
+    origin: Any = None
 
 
 ToolResult = types.CallToolResult | dict[str, Any]

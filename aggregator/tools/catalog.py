@@ -11,7 +11,7 @@ from typing import Any
 
 import mcp.types as types
 
-from aggregator.catalog.caps import cap_list, json_size
+from aggregator.catalog.caps import cap_list, capped_text, json_size
 from aggregator.catalog.model import Catalog, ToolEntry
 from aggregator.catalog.search import ToolSearchIndex
 from aggregator.catalog.symbols import classify_tool
@@ -30,6 +30,7 @@ from aggregator.upstream.pool import UpstreamPool, require_tool
 
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 200
+INSTRUCTIONS_CHARS = 4000  # per upstream in catalog_list_servers; the byte cap still applies to the whole list
 
 _SERVER_ARG = {"type": "string", "description": "Upstream server name, as catalog_list_servers reports it."}
 _TOOL_ARG = {
@@ -139,6 +140,7 @@ class CatalogTools:
                 "state": status.state,
                 "tool_count": status.tool_count,
                 "catalog_loaded": status.tool_count is not None,
+                "instructions": capped_text(status.instructions, INSTRUCTIONS_CHARS) if status.instructions else None,
             }
             if status.tool_count is None and status.snapshot_tool_count is not None:
                 server["tool_count"] = status.snapshot_tool_count
@@ -178,7 +180,7 @@ class CatalogTools:
             "annotations": dict(tool.annotations) if tool.annotations is not None else None,
             "arg_keys": tool.arg_keys,
             "required": tool.required,
-            "execution": tool.wire.get("execution"),  # e.g. taskSupport "required": not callable through us yet
+            "execution": tool.wire.get("execution"),  # taskSupport "required": call with a `task` param
             "symbol_type": classify_tool(tool.name, self.pool.store.loaded(), self.own_tool_names()).upper(),
             "call_example": {
                 "tool": "catalog_call_tool",
@@ -200,7 +202,9 @@ class CatalogTools:
             if not isinstance(args, Mapping):
                 raise invalid_argument("'arguments' must be an object of the tool's arguments")
             tool, _ = await self._tool(server, name, live=True)  # proves the tool exists, resolves the case
-            return await self.pool.call_tool(tool.server, tool.name, args, ctx.report_progress)
+            return await self.pool.call_tool(
+                tool.server, tool.name, args, ctx.report_progress, extra=ctx.extra, origin=ctx.origin
+            )
         except Fault as fault:
             return fault_result(fault)
 
@@ -229,6 +233,11 @@ class CatalogTools:
         if (entry is None or entry.hidden) and catalog.is_snapshot:
             catalog = await self.pool.ensure_live_catalog(name)
         return require_tool(catalog, tool, before), catalog
+
+    async def tool_entry(self, server: str, tool: str) -> ToolEntry:
+        """The exposed tool `tool` of the running `server` (matched ignoring case), for a call."""
+        entry, _ = await self._tool(server, tool, live=True)
+        return entry
 
 
 # ---------------------------------------------------------------- helpers

@@ -43,6 +43,7 @@ from aggregator.catalog.store import CatalogStore
 from aggregator.config import UpstreamConfig
 from aggregator.faults import Fault
 from aggregator.log import get_logger
+from aggregator.upstream.session import Downstream, NoDownstream, UpstreamSession
 from aggregator.upstream.transports import StderrTail, TransportHandle, open_transport
 from aggregator.wire import MAX_MESSAGE_BYTES
 
@@ -53,6 +54,7 @@ BACKOFF_MAX = 30.0
 MAX_PAGES = 1000
 
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+_NO_DOWNSTREAM = NoDownstream()
 
 
 class State(StrEnum):
@@ -77,7 +79,13 @@ class _Run:
 
 
 class UpstreamConnection:
-    def __init__(self, config: UpstreamConfig, store: CatalogStore, task_group: anyio.abc.TaskGroup) -> None:
+    def __init__(
+        self,
+        config: UpstreamConfig,
+        store: CatalogStore,
+        task_group: anyio.abc.TaskGroup,
+        downstream: Callable[[], Downstream] = lambda: _NO_DOWNSTREAM,
+    ) -> None:
         self.config = config
         self.name = config.name
         self._store = store
@@ -86,7 +94,12 @@ class UpstreamConnection:
         self.last_error: str | None = None
         self.handshake_seconds: float | None = None
         self.server_info: types.Implementation | None = None
+        self.server_capabilities: types.ServerCapabilities | None = None
         self.instructions: str | None = None
+        self.log_level: str | None = None  # the level clients asked for; sent on every (re)start
+        self._downstream = downstream
+        self._origins: dict[int, Any] = {}  # requests in flight, by a local key: who asked (for relays)
+        self._next_origin = 0
         self.stderr = StderrTail(config.name)
         self._run: _Run | None = None  # the latest start; older runs may still be tearing down
         self._failures = 0
@@ -153,7 +166,9 @@ class UpstreamConnection:
                     session = await stack.enter_async_context(self._new_session(run, handle))
                     init = await session.initialize()
                     self.server_info = init.server_info
+                    self.server_capabilities = init.capabilities
                     self.instructions = init.instructions
+                    await self._apply_log_level(session)
                     catalog = await self._list_catalog(session)
                     run.scope.deadline = math.inf
                     if self._stopping:
@@ -186,12 +201,61 @@ class UpstreamConnection:
         async def on_message(message: Any) -> None:
             await self._handle_message(run, message)
 
-        return ClientSession(
+        return UpstreamSession(
             handle.read,
             handle.write,
             message_handler=on_message,
             client_info=types.Implementation(name="aggregator", version=__version__),
+            capabilities=lambda: self._downstream().client_capabilities(),
+            on_request=self._relay_request,
+            on_notification=self._relay_notification,
         )
+
+    async def _relay_request(self, method: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
+        """A server→client request of this upstream, answered by the client whose request is in flight.
+
+        Bounded by the call timeout, as calls are; the upstream cancelling its
+        request cancels this relay and, through it, the client's request.
+        """
+        budget = self.config.timeouts.call
+        try:
+            with anyio.fail_after(budget):
+                return await self._downstream().relay_request(self.name, method, params, list(self._origins.values()))
+        except MCPError:
+            raise
+        except TimeoutError:
+            raise MCPError(types.REQUEST_TIMEOUT, f"{method}: the client did not answer within {budget:g}s") from None
+        except Exception as exc:  # the client went away, or its stream did
+            log.info("relay failed", upstream=self.name, method=method, error=str(exc)[:200])
+            raise MCPError(types.INTERNAL_ERROR, f"{method}: the client could not be reached") from None
+
+    async def _relay_notification(self, method: str, params: Mapping[str, Any] | None) -> None:
+        try:
+            await self._downstream().relay_notification(self.name, method, params)
+        except Exception as exc:  # a client gone away must not disturb the upstream
+            log.debug("notification not relayed", upstream=self.name, method=method, error=str(exc)[:200])
+
+    async def _apply_log_level(self, session: ClientSession) -> None:
+        caps = session.server_capabilities
+        if self.log_level is None or caps is None or caps.logging is None:
+            return
+        try:
+            await raw_request(session, "logging/setLevel", {"level": self.log_level})
+        except MCPError as exc:
+            log.warning("logging/setLevel refused", upstream=self.name, error=exc.message[:200])
+
+    async def set_log_level(self, level: str) -> None:
+        """Remember `level` for later starts and send it now if the upstream runs and logs."""
+        self.log_level = level
+        run = self._run
+        if self.state is State.READY and run is not None and run.session is not None:
+            await self._apply_log_level(run.session)
+
+    async def notify(self, method: str, params: Mapping[str, Any] | None = None) -> None:
+        """Send a notification if the upstream runs (a stopped one learns everything at its next start)."""
+        run = self._run
+        if self.state is State.READY and run is not None and run.session is not None:
+            await run.session._dispatcher.notify(method, dict(params) if params else None)
 
     async def _park(self, run: _Run, handle: TransportHandle) -> None:
         """Wait until the upstream's stdout ends (stdio) or someone wakes us (crash seen, stop)."""
@@ -306,32 +370,68 @@ class UpstreamConnection:
     # ------------------------------------------------------------ calls
 
     async def call_tool(
-        self, tool: str, arguments: Mapping[str, Any], progress: ProgressFn | None = None
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        progress: ProgressFn | None = None,
+        *,
+        extra: Mapping[str, Any] | None = None,
+        origin: Any = None,
     ) -> dict[str, Any]:
         """Forward one call and return the upstream's raw result, untouched.
 
+        `extra` holds further request params passed through as they came (`_meta`
+        keys, a `task`). Any JSON-RPC error of the upstream becomes `upstream_error`.
+        """
+        params = {**(extra or {}), "name": tool, "arguments": dict(arguments)}
+        try:
+            return await self.request("tools/call", params, progress, origin=origin, what=f"{self.name}/{tool}")
+        except MCPError as exc:
+            raise self._call_fault(self._run, exc) from None
+
+    async def request(
+        self,
+        method: str,
+        params: Mapping[str, Any] | None,
+        progress: ProgressFn | None = None,
+        *,
+        origin: Any = None,
+        what: str | None = None,
+    ) -> dict[str, Any]:
+        """Forward one request, starting the upstream if needed; the raw result, untouched.
+
         The deadline restarts whenever the upstream reports progress (the SDK's own
         timeout is a fixed budget, so we keep ours). Cancelling the caller cancels
-        the upstream request (`notifications/cancelled`).
+        the upstream request (`notifications/cancelled`). The upstream's own
+        JSON-RPC error is raised as the `MCPError` it sent; a lost connection or
+        a timeout is a `Fault`. `origin` (the client's request) is remembered while
+        the request is in flight, so the upstream's own requests find their client.
         """
         session = await self.ensure_ready()
         run = self._run
         budget = self.config.timeouts.call
-        with anyio.CancelScope(deadline=anyio.current_time() + budget) as scope:
+        key = self._next_origin = self._next_origin + 1
+        self._origins[key] = origin
+        try:
+            with anyio.CancelScope(deadline=anyio.current_time() + budget) as scope:
 
-            async def on_progress(value: float, total: float | None, message: str | None) -> None:
-                scope.deadline = anyio.current_time() + budget
-                if progress is not None:
-                    await progress(value, total, message)
+                async def on_progress(value: float, total: float | None, message: str | None) -> None:
+                    scope.deadline = anyio.current_time() + budget
+                    if progress is not None:
+                        await progress(value, total, message)
 
-            try:
-                result = await raw_request(
-                    session, "tools/call", {"name": tool, "arguments": dict(arguments)}, on_progress
-                )
-            except MCPError as exc:
-                raise self._call_fault(run, exc) from None
+                try:
+                    result = await raw_request(session, method, dict(params) if params else None, on_progress)
+                except MCPError as exc:
+                    handle = run.handle if run is not None else None
+                    if exc.code == CONNECTION_CLOSED or (handle is not None and handle.closed.is_set()):
+                        raise self._call_fault(run, exc) from None
+                    raise
+        finally:
+            del self._origins[key]
         if scope.cancelled_caught:
-            raise Fault("timeout", f"{self.name}/{tool} did not answer within {budget:g}s (no progress either)")
+            what = what or f"{self.name} {method}"
+            raise Fault("timeout", f"{what} did not answer within {budget:g}s (no progress either)")
         self._failures = 0
         return result
 

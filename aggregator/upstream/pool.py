@@ -32,6 +32,7 @@ from aggregator.config.watch import watch_config
 from aggregator.faults import Fault
 from aggregator.log import get_logger
 from aggregator.upstream.connection import ProgressFn, State, UpstreamConnection
+from aggregator.upstream.session import Downstream, NoDownstream
 
 log = get_logger(__name__)
 
@@ -55,6 +56,7 @@ class UpstreamStatus:
     snapshot_tool_count: int | None = None  # the snapshot kept for this upstream (None: none)
     snapshot_age: float | None = None  # seconds since the snapshot's listing
     snapshot_note: str | None = None  # why no snapshot is used (corrupt, definition changed, too old)
+    instructions: str | None = None  # what the upstream said at its handshake (null until started)
 
 
 class UpstreamPool:
@@ -70,8 +72,11 @@ class UpstreamPool:
             if self.snapshots is not None and upstream.snapshots
         }
         self._store = CatalogStore(snapshot_servers=self._fingerprints)
+        self.downstream: Downstream = NoDownstream()  # the server installs itself here
+        self.on_call_result: Callable[[str, Any], None] = lambda server, result: None
         self._connections = {
-            name: UpstreamConnection(upstream, self._store, task_group) for name, upstream in config.upstreams.items()
+            name: UpstreamConnection(upstream, self._store, task_group, lambda: self.downstream)
+            for name, upstream in config.upstreams.items()
         }
         self._by_folded = {name.casefold(): name for name in self._connections}
         self._tg = task_group
@@ -146,7 +151,14 @@ class UpstreamPool:
             raise Fault("unknown_server", f"no upstream named {name!r} (known: {known})") from None
 
     async def call_tool(
-        self, server: str, tool: str, arguments: Mapping[str, Any], progress: ProgressFn | None = None
+        self,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, Any],
+        progress: ProgressFn | None = None,
+        *,
+        extra: Mapping[str, Any] | None = None,
+        origin: Any = None,
     ) -> dict[str, Any]:
         """Forward a call; an upstream not running yet is started first and must still offer `tool`.
 
@@ -159,11 +171,35 @@ class UpstreamPool:
             if self._store.live(server) is None:
                 snapshot = self._store.get(server)
                 require_tool(await conn.ensure_catalog(), tool, snapshot)
-            return await conn.call_tool(tool, arguments, progress)
+            result = await conn.call_tool(tool, arguments, progress, extra=extra, origin=origin)
         finally:
             self._busy[conn] -= 1
             if not self._busy[conn]:
                 del self._busy[conn]
+        self.on_call_result(server, result)
+        return result
+
+    def ready_connections(self) -> list[UpstreamConnection]:
+        """The connections that are ready now."""
+        return [conn for conn in self._connections.values() if conn.state is State.READY]
+
+    async def set_log_level(self, level: str) -> None:
+        """`logging/setLevel` for every upstream: sent to the running ones, kept for later starts."""
+
+        async def one(conn: UpstreamConnection) -> None:
+            await conn.set_log_level(level)
+
+        async with anyio.create_task_group() as tg:
+            for conn in self._connections.values():
+                tg.start_soon(one, conn)
+
+    async def notify_running(self, method: str, params: Mapping[str, Any] | None = None) -> None:
+        """A client notification (roots changed) for every running upstream."""
+        for conn in self.ready_connections():
+            try:
+                await conn.notify(method, params)
+            except Exception as exc:
+                log.debug("notification not delivered", upstream=conn.name, method=method, error=str(exc)[:200])
 
     async def start_all(
         self, names: list[str] | None = None, on_done: Callable[[str], None] | None = None
@@ -210,6 +246,7 @@ class UpstreamPool:
             snapshot_tool_count=len(snapshot.exposed_tools) if snapshot else None,
             snapshot_age=snapshot.age() if snapshot else None,
             snapshot_note=self._snapshot_notes.get(name),
+            instructions=conn.instructions,
         )
 
     def statuses(self) -> list[UpstreamStatus]:
@@ -267,7 +304,9 @@ class UpstreamPool:
             self._retire(self._connections.pop(name))
         fresh = [*diff.added, *diff.changed]
         for name in fresh:
-            self._connections[name] = UpstreamConnection(config.upstreams[name], self._store, self._tg)
+            self._connections[name] = UpstreamConnection(
+                config.upstreams[name], self._store, self._tg, lambda: self.downstream
+            )
             if self.snapshots is not None and config.upstreams[name].snapshots:
                 self._fingerprints[name] = fingerprint(config.upstreams[name])
         self._seed_snapshots({name: self._fingerprints[name] for name in fresh if name in self._fingerprints})
@@ -294,7 +333,6 @@ class UpstreamPool:
             self._retiring.discard(conn)
 
         self._tg.start_soon(stop_when_idle, name=f"retire-{conn.name}")
-
 
     # ------------------------------------------------------------ snapshots
 

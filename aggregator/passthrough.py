@@ -1,0 +1,313 @@
+"""Everything besides tools, passed through (DESIGN §2.6): the client → upstream direction.
+
+Downstream handlers for prompts, resources, completions, logging and tasks.
+Routing decisions live in `aggregator.routing`; the upstream → client direction
+(sampling, elicitation, roots, notifications) in `aggregator.relay`; this
+module moves requests.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import mcp.types as types
+from mcp.server.connection import Connection
+from mcp.server.context import ServerRequestContext
+from mcp.server.subscriptions import InMemorySubscriptionBus
+from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from aggregator.catalog.model import Catalog, ResourceEntry, ResourceTemplateEntry
+from aggregator.faults import Fault
+from aggregator.log import get_logger
+from aggregator.relay import Clients, Relay
+from aggregator.routing import ExposedPrompt, ResourceRouter, TaskRouter, build_prompt_table
+from aggregator.upstream.pool import UpstreamPool
+
+log = get_logger(__name__)
+
+RESOURCE_NOT_FOUND = -32002
+OWNER_META_KEY = "aggregator/upstream"  # on listed resources: which upstream serves this copy
+_RESERVED_META_PREFIX = "io.modelcontextprotocol/"
+_KEPT_RESERVED_META = {"io.modelcontextprotocol/related-task"}
+_FAULT_CODES = {"timeout": types.REQUEST_TIMEOUT, "unknown_server": types.INVALID_PARAMS}
+
+
+class Passthrough:
+    """The handlers of the non-tool protocol; installs the `Relay` as the pool's `Downstream`."""
+
+    def __init__(self, pool: UpstreamPool, clients: Clients, bus: InMemorySubscriptionBus) -> None:
+        self.pool = pool
+        self.clients = clients
+        self.bus = bus
+        self.resources = ResourceRouter(pool.upstream_names())
+        self.tasks = TaskRouter()
+        self._prompts: dict[str, ExposedPrompt] = {}
+        self._fingerprints: dict[str, tuple[Any, Any]] = {}  # per server: (prompt names, resource keys)
+        self._subscribers: dict[str, weakref.WeakSet[Connection]] = {}
+        self.relay = Relay(pool, clients, bus, self.tasks, self._subscribers)
+        self._changed_prompts = False
+        self._changed_resources = False
+        self.on_change: Callable[[], None] = lambda: None  # the server wakes its fan-out
+        self._catalogs: dict[str, Catalog] = {}  # the last catalog each upstream listed, by name (sorted)
+        for server, catalog in pool.store.loaded().items():
+            self._on_catalog(server, catalog)
+        self._changed_prompts = self._changed_resources = False
+        pool.store.subscribe(self._on_catalog)
+        pool.downstream = self.relay
+        pool.on_call_result = self.note_result
+
+    # ------------------------------------------------------------ catalogs → tables
+
+    def _on_catalog(self, server: str, catalog: Catalog | None) -> None:
+        if catalog is None:  # a dropped catalog (crash, stop) keeps its entries listed, as direct tools do
+            return
+        prompts = tuple((p.name, p.title, p.description, p.arguments) for p in catalog.prompts)
+        resources = (
+            tuple((r.uri, r.name, r.title, r.description, r.mime_type) for r in catalog.resources),
+            tuple((t.uri_template, t.name, t.title, t.description, t.mime_type) for t in catalog.resource_templates),
+        )
+        old = self._fingerprints.get(server)
+        self._fingerprints[server] = (prompts, resources)
+        self._catalogs = dict(sorted({**self._catalogs, server: catalog}.items()))
+        self._prompts = build_prompt_table(self._catalogs)
+        self.resources.rebuild(self._catalogs)
+        if old is None or old[0] != prompts:
+            self._changed_prompts = self._changed_prompts or bool(prompts) or old is not None
+        if old is None or old[1] != resources:
+            self._changed_resources = self._changed_resources or any(resources) or old is not None
+        if self._changed_prompts or self._changed_resources:
+            self.on_change()
+
+    async def announce(self, legacy: Sequence[Connection]) -> None:
+        """Tell clients what changed since the last call (the server's fan-out calls this)."""
+        prompts, resources = self._changed_prompts, self._changed_resources
+        self._changed_prompts = self._changed_resources = False
+        if prompts:
+            await self.bus.publish(PromptsListChanged())
+            for connection in legacy:
+                await connection.send_prompt_list_changed()
+        if resources:
+            await self.bus.publish(ResourcesListChanged())
+            for connection in legacy:
+                await connection.send_resource_list_changed()
+
+    # ------------------------------------------------------------ prompts
+
+    async def list_prompts(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
+        return types.ListPromptsResult(prompts=[_prompt_wire(entry) for entry in self._prompts.values()])
+
+    async def get_prompt(self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> dict[str, Any]:
+        entry = self._prompts.get(params.name)
+        if entry is None:
+            raise MCPError(types.INVALID_PARAMS, f"unknown prompt {params.name!r}; see prompts/list")
+        forwarded = {**passthrough_meta(ctx), "name": entry.prompt.name}
+        if params.arguments is not None:
+            forwarded["arguments"] = params.arguments
+        return await self.forward(entry.server, "prompts/get", forwarded, ctx)
+
+    # ------------------------------------------------------------ resources
+
+    async def list_resources(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        resources = [
+            types.Resource(uri=r.uri, **_listed(server, r))
+            for server, catalog in self._catalogs.items()
+            for r in catalog.resources
+        ]
+        return types.ListResourcesResult(resources=resources)
+
+    async def list_resource_templates(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        templates = [
+            types.ResourceTemplate(uri_template=t.uri_template, **_listed(server, t))
+            for server, catalog in self._catalogs.items()
+            for t in catalog.resource_templates
+        ]
+        return types.ListResourceTemplatesResult(resource_templates=templates)
+
+    def _resource_owner(self, uri: str) -> str:
+        server = self.resources.resolve(uri)
+        if server is None:
+            raise MCPError(RESOURCE_NOT_FOUND, f"no upstream lists, returned or templates the resource {uri!r}")
+        return server
+
+    async def read_resource(
+        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> dict[str, Any]:
+        uri = str(params.uri)
+        server = self._resource_owner(uri)
+        return await self.forward(server, "resources/read", {**passthrough_meta(ctx), "uri": uri}, ctx)
+
+    async def subscribe(self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> dict[str, Any]:
+        uri = str(params.uri)
+        result = await self.forward(
+            self._resource_owner(uri), "resources/subscribe", {**passthrough_meta(ctx), "uri": uri}, ctx
+        )
+        connection = getattr(ctx.session, "_connection", None)
+        if connection is not None:
+            self._subscribers.setdefault(uri, weakref.WeakSet()).add(connection)
+        return result
+
+    async def unsubscribe(
+        self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
+    ) -> dict[str, Any]:
+        uri = str(params.uri)
+        connection = getattr(ctx.session, "_connection", None)
+        subscribers = self._subscribers.get(uri)
+        if subscribers is not None and connection is not None:
+            subscribers.discard(connection)
+        if subscribers:  # another client still listens: keep the upstream's subscription
+            return {}
+        self._subscribers.pop(uri, None)
+        return await self.forward(
+            self._resource_owner(uri), "resources/unsubscribe", {**passthrough_meta(ctx), "uri": uri}, ctx
+        )
+
+    # ------------------------------------------------------------ completions, logging, roots
+
+    async def complete(self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams) -> dict[str, Any]:
+        raw = dict(ctx.params or {})
+        ref = dict(raw.get("ref") or {})
+        if ref.get("type") == "ref/prompt":
+            entry = self._prompts.get(str(ref.get("name")))
+            if entry is None:
+                raise MCPError(types.INVALID_PARAMS, f"unknown prompt {ref.get('name')!r}; see prompts/list")
+            server, ref["name"] = entry.server, entry.prompt.name
+        else:
+            uri = str(ref.get("uri"))
+            server = self.resources.template_owner(uri) or self._resource_owner(uri)
+        raw["ref"] = ref
+        raw.pop("_meta", None)
+        return await self.forward(server, "completion/complete", {**passthrough_meta(ctx), **raw}, ctx)
+
+    async def set_level(self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:
+        await self.pool.set_log_level(params.level)
+        return types.EmptyResult()
+
+    async def roots_changed(self, ctx: ServerRequestContext[Any], params: Any) -> None:
+        await self.pool.notify_running("notifications/roots/list_changed")
+
+    # ------------------------------------------------------------ tasks
+
+    async def call_as_task(
+        self, server: str, tool: str, ctx: ServerRequestContext[Any], arguments: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """A task-augmented `tools/call`: the upstream creates the task; we remember whose it is."""
+        raw = ctx.params or {}
+        extra = {**passthrough_meta(ctx), "task": raw.get("task")}
+        forwarded = {**extra, "name": tool, "arguments": dict(arguments)}
+        result = await self.forward(server, "tools/call", forwarded, ctx)
+        self.tasks.remember(server, result, getattr(ctx.session, "_connection", None))
+        return result
+
+    async def task_request(self, ctx: ServerRequestContext[Any]) -> dict[str, Any]:
+        """`tasks/get`, `tasks/result`, `tasks/cancel` by task id; `tasks/list` over every running upstream."""
+        raw = dict(ctx.params or {})
+        if ctx.method == "tasks/list":
+            return await self._list_tasks(ctx)
+        task_id = raw.get("taskId")
+        owner = self.tasks.owner(task_id) if isinstance(task_id, str) else None
+        if owner is None:
+            raise MCPError(types.INVALID_PARAMS, f"unknown task {task_id!r}")
+        raw.pop("_meta", None)
+        return await self.forward(owner[0], ctx.method, {**passthrough_meta(ctx), **raw}, ctx)
+
+    async def _list_tasks(self, ctx: ServerRequestContext[Any]) -> dict[str, Any]:
+        tasks: list[Any] = []
+        for conn in self.pool.ready_connections():
+            caps = conn.server_capabilities
+            if caps is None or caps.tasks is None or caps.tasks.list is None:
+                continue
+            try:
+                result = await conn.request("tasks/list", None, origin=ctx)
+            except (MCPError, Fault) as exc:
+                log.warning("tasks/list failed", upstream=conn.name, error=str(exc)[:200])
+                continue
+            for task in result.get("tasks") or []:
+                if isinstance(task, Mapping) and isinstance(task.get("taskId"), str):
+                    self.tasks.remember_id(conn.name, task["taskId"])
+                    tasks.append(task)
+        return {"tasks": tasks}
+
+    # ------------------------------------------------------------ forwarding
+
+    async def forward(
+        self, server: str, method: str, params: Mapping[str, Any], ctx: ServerRequestContext[Any]
+    ) -> dict[str, Any]:
+        """One request to `server`, answered with its raw result; our faults become JSON-RPC errors."""
+        try:
+            conn = self.pool.connection(server)
+            return for_era(
+                await conn.request(method, params, ctx.session.report_progress, origin=ctx), ctx.protocol_version
+            )
+        except Fault as fault:
+            code = _FAULT_CODES.get(fault.reason, types.INTERNAL_ERROR)
+            raise MCPError(code, f"{fault.reason}: {fault.message}", {"reason": fault.reason}) from None
+
+    def note_result(self, server: str, result: Any) -> None:
+        """Every tool result passing by: the resource links it carries become readable."""
+        self.resources.remember(server, result)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def for_era(result: Any, protocol_version: str) -> Any:
+    """An upstream's raw result, stamped with what the client's protocol era requires.
+
+    A 2026-07-28 client requires `resultType` on every result; upstreams of the
+    handshake era never send it. Nothing else is touched.
+    """
+    if isinstance(result, dict) and protocol_version in MODERN_PROTOCOL_VERSIONS and "resultType" not in result:
+        return {**result, "resultType": "complete"}
+    return result
+
+
+def passthrough_meta(ctx: ServerRequestContext[Any]) -> dict[str, Any]:
+    """The client's request `_meta`, as `{"_meta": {...}}` to spread into forwarded params (or `{}`).
+
+    Custom keys pass untouched; the progress token is ours to set, and the
+    2026-07-28 envelope keys (protocol version, client capabilities, …) describe
+    the client's connection to us, not ours to the upstream.
+    """
+    raw = (ctx.params or {}).get("_meta")
+    if not isinstance(raw, Mapping):
+        return {}
+    meta = {
+        key: value
+        for key, value in raw.items()
+        if key != "progressToken" and (not key.startswith(_RESERVED_META_PREFIX) or key in _KEPT_RESERVED_META)
+    }
+    return {"_meta": meta} if meta else {}
+
+
+def _listed(server: str, entry: ResourceEntry | ResourceTemplateEntry) -> dict[str, Any]:
+    """The fields a listed resource and a listed template share, with the upstream that serves it."""
+    return {
+        "name": entry.name,
+        "title": entry.title,
+        "description": entry.description or None,
+        "mime_type": entry.mime_type,
+        "_meta": {OWNER_META_KEY: server},
+    }
+
+
+def _prompt_wire(entry: ExposedPrompt) -> types.Prompt:
+    prompt = entry.prompt
+    return types.Prompt(
+        name=entry.exposed,
+        title=f"{prompt.title or prompt.name} ({entry.server})",
+        description=prompt.description or None,
+        arguments=[
+            types.PromptArgument(name=a.name, description=a.description or None, required=a.required)
+            for a in prompt.arguments
+        ],
+    )
