@@ -1,0 +1,135 @@
+"""Issue 11, upstream side: upstreams that misbehave on purpose (real subprocesses, real stdio/HTTP).
+
+Each test reproduces one way an upstream used to crash, hang or lock out the aggregator.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from aggregator.faults import Fault
+from aggregator.upstream.pool import UpstreamPool
+from tests.conftest import aggregator_client, kit_upstream, structured, write_config
+from tests.test_pool import config_of
+
+# A call that is not answered at once waits this long before the test fails; far below the 60 s
+# call timeout the bugs used to wait out, far above any honest answer even on a loaded machine.
+PROMPT = 30
+
+
+async def call_fault(pool: UpstreamPool, server: str, tool: str, arguments: dict[str, Any]) -> Fault:
+    with anyio.fail_after(PROMPT), pytest.raises(Fault) as caught:
+        await pool.call_tool(server, tool, arguments)
+    return caught.value
+
+
+async def test_list_changed_after_every_listing_is_rate_limited(tmp_path: Path) -> None:
+    """Case 1: an upstream answering every tools/list with list_changed must not be re-listed in a loop."""
+    events = tmp_path / "events.log"
+    config = config_of({"storm": kit_upstream("--list-changed-storm", "--event-log", str(events))})
+    async with UpstreamPool.running(config) as pool:
+        await pool.ensure_catalog("storm")
+        await anyio.sleep(3)
+        listings = events.read_text().count("tools/list")
+        assert await pool.call_tool("storm", "echo", {"message": "still here"})
+    # A loop re-lists hundreds of times a second; the rate limit allows about one a second, doubling.
+    assert 2 <= listings <= 8, listings
+
+
+async def test_jsonrpc_error_is_an_answer_not_a_lost_connection(tmp_path: Path) -> None:
+    """Case 3: -32000 from the upstream is its answer; the connection, catalog and other calls stay."""
+    config = config_of({"kit": kit_upstream()})
+    async with UpstreamPool.running(config) as pool:
+        pid = (await pool.call_tool("kit", "pid", {}))["content"][0]["text"]
+        async with anyio.create_task_group() as tg:
+            slow: list[dict[str, Any]] = []
+
+            async def slow_call() -> None:
+                slow.append(await pool.call_tool("kit", "slow", {"seconds": 1}))
+
+            tg.start_soon(slow_call)
+            await anyio.sleep(0.2)
+            error = {"code": -32000, "message": "quota exceeded for today"}
+            fault = await call_fault(pool, "kit", "reply", {"error": error})
+        assert fault.reason == "upstream_error"
+        assert "-32000" in fault.message and "quota exceeded for today" in fault.message
+        assert slow and not slow[0].get("isError")
+        assert pool.status("kit").state == "ready" and pool.store.get("kit") is not None
+        assert (await pool.call_tool("kit", "pid", {}))["content"][0]["text"] == pid  # not restarted
+
+
+async def test_deeply_nested_tool_schema_drops_that_tool_only(tmp_path: Path) -> None:
+    """Case 4: a schema nested ~130 levels used to lose the whole catalog after the connect timeout."""
+    config = config_of({"kit": kit_upstream("--deep-tool", "130", timeouts={"connect": 60})})
+    async with UpstreamPool.running(config) as pool:
+        with anyio.fail_after(PROMPT):
+            catalog = await pool.ensure_catalog("kit")
+        assert catalog.tool("echo") is not None and catalog.tool("deep") is None
+        assert any("deep" in reason and "nested" in reason for reason in catalog.dropped)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        ({"nest": 250}, "nested"),
+        ({"result": 5}, "invalid"),
+        ({"result": [1, 2]}, "invalid"),
+        ({"error": "boom"}, "invalid"),
+        ({"error": {"message": 7}}, "invalid"),
+        ({"line": '{"jsonrpc": "2.0", "id": ID, "result": {"content": [}'}, "invalid"),
+    ],
+)
+async def test_unreadable_answer_is_a_fault_at_once(arguments: dict[str, Any], expected: str) -> None:
+    """Case 5: an answer that cannot be read used to be dropped, and the call waited out its timeout."""
+    config = config_of({"kit": kit_upstream(timeouts={"call": 600})})
+    async with UpstreamPool.running(config) as pool:
+        fault = await call_fault(pool, "kit", "reply", arguments)
+        assert fault.reason == "upstream_error" and expected in fault.message
+        assert (await pool.call_tool("kit", "echo", {"message": "ok"}))["content"][0]["text"] == "ok"
+
+
+async def test_missing_cwd_is_reported_as_such(tmp_path: Path) -> None:
+    """Case 17: a cwd that does not exist used to be reported as "command not found"."""
+    missing = tmp_path / "no" / "such" / "dir"
+    config = config_of({"kit": kit_upstream(cwd=str(missing))})
+    async with UpstreamPool.running(config) as pool:
+        with pytest.raises(Fault) as caught:
+            await pool.ensure_catalog("kit")
+    assert "working directory" in caught.value.message and str(missing) in caught.value.message
+    assert "command not found" not in caught.value.message
+
+
+BROKEN_TOOL = {"name": "broken", "inputSchema": {"type": "object", "required": "x", "properties": {"a": 5}}}
+
+
+async def test_malformed_direct_tool_does_not_empty_tools_list(tmp_path: Path) -> None:
+    """Case 2: one broken tool on a direct upstream used to fail the whole tools/list with -32603."""
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps([BROKEN_TOOL]))
+    config = write_config(tmp_path, {"kit": kit_upstream("--extra-tools", str(extra), expose="direct")})
+    async with aggregator_client(config) as session:
+        names = {tool.name for tool in (await session.list_tools()).tools}
+    assert "catalog_search_tools" in names and "kit__echo" in names
+    assert "kit__broken" not in names
+
+
+@pytest.mark.parametrize("result", [{}, {"content": "not a list"}, {"content": [{"type": "nonsense"}]}])
+async def test_result_invalid_per_schema_is_a_fault_result(tmp_path: Path, result: dict[str, Any]) -> None:
+    """Case 6: a result the protocol forbids used to become JSON-RPC -32603 with a traceback in the log."""
+    log = tmp_path / "agg.log"
+    config = write_config(tmp_path, {"kit": kit_upstream(expose="direct")})
+    async with aggregator_client(config, "--log-file", str(log)) as session:
+        for answer in (
+            await session.call_tool("kit__reply", {"result": result}),
+            await session.call_tool(
+                "catalog_call_tool", {"server": "kit", "tool": "reply", "arguments": {"result": result}}
+            ),
+        ):
+            fault = structured(answer)["error"]
+            assert answer.is_error and fault["reason"] == "upstream_error" and "invalid" in fault["message"]
+    assert "Traceback" not in log.read_text()
