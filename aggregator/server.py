@@ -23,7 +23,9 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp_types.methods import validate_server_result
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
 from aggregator import __version__
 from aggregator.catalog.model import Catalog
@@ -214,8 +216,18 @@ def _for_era(result: Any, protocol_version: str) -> Any:
     """An upstream's raw result, stamped with what the client's protocol era requires.
 
     A 2026-07-28 client requires `resultType` on every result; upstreams of the
-    handshake era never send it. Nothing else is touched.
+    handshake era never send it. Nothing else is touched. A result the client's
+    protocol forbids (no content, content not a list, ...) becomes a fault result:
+    the SDK would otherwise answer JSON-RPC -32603 and log a traceback.
     """
-    if isinstance(result, dict) and protocol_version in MODERN_PROTOCOL_VERSIONS and "resultType" not in result:
-        return {**result, "resultType": "complete"}
+    if not isinstance(result, dict):
+        return result
+    if protocol_version in MODERN_PROTOCOL_VERSIONS and "resultType" not in result:
+        result = {**result, "resultType": "complete"}
+    try:
+        validate_server_result("tools/call", protocol_version, result)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "result"
+        return fault_result(Fault("upstream_error", f"the upstream's result is invalid: {where}: {first['msg']}"))
     return result

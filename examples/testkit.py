@@ -496,7 +496,13 @@ class Testkit:
             with open(self.opts.extra_tools) as fh:
                 tools += json.load(fh)
         if self.opts.deep_tool:
-            tools.append({"name": "deep", "description": "A schema nested very deep.", "inputSchema": nested(self.opts.deep_tool)})
+            tools.append(
+                {
+                    "name": "deep",
+                    "description": "A schema nested very deep.",
+                    "inputSchema": nested(self.opts.deep_tool),
+                }
+            )
         return tools
 
     def list_tools(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -813,7 +819,11 @@ def serve_http(opts: argparse.Namespace) -> None:
                 message = json.loads(body)
             except ValueError:
                 message = None
-            slot = wire.expect(message["id"]) if isinstance(message, dict) and "id" in message and "method" in message else None
+            slot = (
+                wire.expect(message["id"])
+                if isinstance(message, dict) and "id" in message and "method" in message
+                else None
+            )
             server.handle_line(body)
             if slot is None:
                 self.send_response(202)

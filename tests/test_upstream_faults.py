@@ -124,6 +124,7 @@ async def test_result_invalid_per_schema_is_a_fault_result(tmp_path: Path, resul
     log = tmp_path / "agg.log"
     config = write_config(tmp_path, {"kit": kit_upstream(expose="direct")})
     async with aggregator_client(config, "--log-file", str(log)) as session:
+        await session.list_tools()
         for answer in (
             await session.call_tool("kit__reply", {"result": result}),
             await session.call_tool(

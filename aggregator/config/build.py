@@ -45,7 +45,7 @@ def build_config(data: Any, ctx: Context) -> AggregatorConfig:
     section = _server_section(data, ctx)
     client_shape = section != "upstreams"
     _check_top_keys(data, client_shape, ctx)
-    timeouts, max_result_bytes = _build_defaults(data.get("defaults"), ctx)
+    timeouts, max_result_bytes, max_message_bytes = _build_defaults(data.get("defaults"), ctx)
     servers = data.get(section)
     if servers is None:
         servers = {}
@@ -63,7 +63,7 @@ def build_config(data: Any, ctx: Context) -> AggregatorConfig:
         if isinstance(model, RawClientServer) and model.disabled:
             disabled.append(name)
             continue
-        upstreams[name] = _build_upstream(name, model, path, timeouts, ctx)
+        upstreams[name] = _build_upstream(name, model, path, timeouts, ctx, max_message_bytes)
     return AggregatorConfig(
         upstreams=upstreams,
         timeouts=timeouts,
@@ -110,7 +110,7 @@ def _unknown_key_fix(suggestion: str | None, valid: Iterable[str]) -> str:
     return "remove it; valid keys here: " + ", ".join(sorted(valid))
 
 
-def _build_defaults(raw: Any, ctx: Context) -> tuple[Timeouts, int]:
+def _build_defaults(raw: Any, ctx: Context) -> tuple[Timeouts, int, int]:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -121,7 +121,7 @@ def _build_defaults(raw: Any, ctx: Context) -> tuple[Timeouts, int]:
         connect=model.timeouts.connect if model.timeouts.connect is not None else DEFAULT_TIMEOUTS.connect,
         call=model.timeouts.call if model.timeouts.call is not None else DEFAULT_TIMEOUTS.call,
     )
-    return timeouts, model.max_result_bytes
+    return timeouts, model.max_result_bytes, model.max_message_bytes
 
 
 def _check_name(raw_name: Any, section: str, seen: dict[str, str], ctx: Context) -> str:
@@ -209,7 +209,9 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _build_upstream(name: str, raw: RawUpstream, path: KeyPath, timeouts: Timeouts, ctx: Context) -> UpstreamConfig:
+def _build_upstream(
+    name: str, raw: RawUpstream, path: KeyPath, timeouts: Timeouts, ctx: Context, max_message_bytes: int
+) -> UpstreamConfig:
     client = raw if isinstance(raw, RawClientServer) else None
     url_key = "url"
     url = raw.url
@@ -252,6 +254,7 @@ def _build_upstream(name: str, raw: RawUpstream, path: KeyPath, timeouts: Timeou
             connect=raw.timeouts.connect if raw.timeouts.connect is not None else timeouts.connect,
             call=raw.timeouts.call if raw.timeouts.call is not None else timeouts.call,
         ),
+        max_message_bytes=raw.max_message_bytes if raw.max_message_bytes is not None else max_message_bytes,
     )
 
 

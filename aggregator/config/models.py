@@ -22,6 +22,7 @@ __all__ = [
 
 RESERVED_NAME = "aggregator"
 BUILTIN_SOURCE = "<built-in default>"
+DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024  # one JSON-RPC message from an upstream
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
 """An upstream name; always used with ``fullmatch`` (``$`` would let a trailing newline through)."""
 
@@ -80,6 +81,7 @@ class UpstreamConfig(UpstreamPresentation):
     url: str | None = None
     headers: dict[str, str] = Field(default_factory=dict, repr=False)  # secrets: kept out of repr
     timeouts: Timeouts = Field(default_factory=Timeouts)
+    max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=1024)  # one message from it, any transport
 
     @model_validator(mode="after")
     def _check(self) -> UpstreamConfig:

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 from aggregator.config.errors import Context, KeyPath
-from aggregator.config.models import Transport, UpstreamPresentation
+from aggregator.config.models import DEFAULT_MAX_MESSAGE_BYTES, Transport, UpstreamPresentation
 
 __all__ = [
     "EXAMPLE_HINT",
@@ -53,6 +53,7 @@ class RawDefaults(BaseModel):
 
     timeouts: RawTimeouts = Field(default_factory=RawTimeouts)
     max_result_bytes: int = Field(default=262144, ge=1024)
+    max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=1024)
 
 
 class RawUpstream(UpstreamPresentation):
@@ -68,6 +69,7 @@ class RawUpstream(UpstreamPresentation):
     headers: dict[str, str] = Field(default_factory=dict)
     transport: str | None = None
     timeouts: RawTimeouts = Field(default_factory=RawTimeouts)
+    max_message_bytes: int | None = Field(default=None, ge=1024)
 
 
 class RawClientServer(RawUpstream):
@@ -104,6 +106,7 @@ FIX_HINTS: dict[str, str] = {
     "tools": "write tools as {allow: [glob, ...], deny: [glob, ...]}, e.g. tools: {deny: [delete_*]}",
     "timeouts": "give timeouts in seconds as positive numbers, e.g. timeouts: {connect: 10, call: 60}",
     "max_result_bytes": "give a whole number of bytes, at least 1024, e.g. max_result_bytes: 262144",
+    "max_message_bytes": "give a whole number of bytes, at least 1024, e.g. max_message_bytes: 33554432",
     "disabled": "use disabled: true or disabled: false",
     "envFile": "set envFile to the path of a NAME=value file",
     "autoApprove": "write autoApprove as a list of tool names (the aggregator ignores it)",

@@ -92,7 +92,11 @@ def _error_for_id(line: bytes, why: str) -> dict[str, Any] | None:
 
 
 def _error(request_id: Any, why: str) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": INTERNAL_ERROR, "message": f"{INVALID_ANSWER}: {why}"}}
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "error": {"code": INTERNAL_ERROR, "message": f"{INVALID_ANSWER}: {why}"},
+    }
 
 
 def _is_id(value: Any) -> bool:

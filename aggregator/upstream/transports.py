@@ -26,12 +26,13 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.client.sse import sse_client
 from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.shared.message import SessionMessage
 
 from aggregator.config import UpstreamConfig
 from aggregator.log import get_logger
-from aggregator.wire import LineSplitter, MessageTooLarge, encode, parse_line
+from aggregator.upstream.inbound import parse_upstream_line
+from aggregator.wire import LineSplitter, MessageTooLarge, encode
 
 log = get_logger(__name__)
 
@@ -39,6 +40,7 @@ STDERR_TAIL_LINES = 40
 EXIT_POLL_SECONDS = 0.25
 EXIT_GRACE_SECONDS = 1.0  # after stdin closes, before SIGTERM to the group
 TERM_GRACE_SECONDS = 1.0  # after SIGTERM, before SIGKILL
+TOO_LARGE = "a message exceeded"  # how every transport words a message over max_message_bytes
 
 
 class StderrTail:
@@ -90,7 +92,8 @@ class TransportHandle:
     write: MemoryObjectSendStream[SessionMessage]
     closed: anyio.Event = field(default_factory=anyio.Event)  # set when the peer is gone
     pid: int | None = None
-    overflow: bool = False  # the peer sent a message over MAX_MESSAGE_BYTES
+    overflow: bool = False  # the peer sent a message over `limit`
+    limit: int = 0  # max_message_bytes of this upstream
 
 
 @asynccontextmanager
@@ -101,14 +104,15 @@ async def open_transport(config: UpstreamConfig, stderr: StderrTail) -> AsyncIte
             yield handle
         return
     closed = anyio.Event()
+    limit = config.max_message_bytes
     assert config.url is not None
     if config.transport == "http":
-        client = create_mcp_http_client(headers=dict(config.headers) or None, timeout=_http_timeout(config))
+        client = capped_http_client(limit, headers=dict(config.headers) or None, timeout=_http_timeout(config))
         client.event_hooks = {"response": [_session_lost_hook(closed)]}
         async with (
             client,
-            streamable_http_client(config.url, http_client=client) as streams,
-            _relayed(streams, closed) as handle,  # type: ignore[arg-type]
+            streamable_http_client(config.url, http_client=client, max_sse_event_size=limit) as streams,
+            _relayed(streams, closed, limit) as handle,  # type: ignore[arg-type]
         ):
             yield handle
     else:
@@ -118,10 +122,68 @@ async def open_transport(config: UpstreamConfig, stderr: StderrTail) -> AsyncIte
                 headers=dict(config.headers) or None,
                 timeout=config.timeouts.connect,
                 sse_read_timeout=max(300.0, config.timeouts.call * 2),
+                httpx_client_factory=lambda headers=None, timeout=None, auth=None: capped_http_client(
+                    limit, headers=headers, timeout=timeout, auth=auth
+                ),
             ) as streams,
-            _relayed(streams, closed) as handle,
+            _relayed(streams, closed, limit) as handle,
         ):  # type: ignore[arg-type]
             yield handle
+
+
+class ResponseTooLarge(httpx2.StreamError):
+    """An HTTP body (or one SSE event) over max_message_bytes; the SDK answers the request with it."""
+
+
+class _CappedStream(httpx2.AsyncByteStream):
+    """Counts the bytes of one message as they arrive: the whole body, or each SSE event."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, per_event: bool) -> None:
+        self._inner = inner
+        self._limit = limit
+        self._per_event = per_event
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        size = 0
+        async for chunk in self._inner:
+            if self._per_event and (cut := max(chunk.rfind(b"\n\n"), chunk.rfind(b"\r\n\r\n"))) >= 0:
+                size = len(chunk) - cut  # bytes after the last event boundary
+            else:
+                size += len(chunk)
+            if size > self._limit:
+                raise ResponseTooLarge(f"{TOO_LARGE} {self._limit} bytes (max_message_bytes)")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _CappedTransport(httpx2.AsyncBaseTransport):
+    def __init__(self, limit: int) -> None:
+        self._inner = httpx2.AsyncHTTPTransport()
+        self._limit = limit
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self._inner.handle_async_request(request)
+        per_event = response.headers.get("content-type", "").lower().startswith("text/event-stream")
+        assert isinstance(response.stream, httpx2.AsyncByteStream)
+        response.stream = _CappedStream(response.stream, self._limit, per_event)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def capped_http_client(
+    limit: int,
+    headers: dict[str, str] | None = None,
+    timeout: httpx2.Timeout | None = None,
+    auth: httpx2.Auth | None = None,
+) -> httpx2.AsyncClient:
+    """The SDK's HTTP client, refusing any message over `limit` bytes as it streams in."""
+    if timeout is None:  # the SDK's defaults, as create_mcp_http_client has them
+        timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
+    return httpx2.AsyncClient(headers=headers, timeout=timeout, auth=auth, transport=_CappedTransport(limit))
 
 
 def _http_timeout(config: UpstreamConfig) -> httpx2.Timeout:
@@ -142,21 +204,22 @@ def _session_lost_hook(closed: anyio.Event) -> Callable[[httpx2.Response], Await
 async def _relayed(
     streams: tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]],
     closed: anyio.Event,
+    limit: int,
 ) -> AsyncIterator[TransportHandle]:
     """Pass the SDK's read stream through, so the end of an HTTP/SSE connection is noticed."""
     read, write = streams
     to_session, session_read = anyio.create_memory_object_stream[SessionMessage | Exception](64)
-    handle = TransportHandle(session_read, write, closed=closed)
+    handle = TransportHandle(session_read, write, closed=closed, limit=limit)
 
     async def relay() -> None:
         try:
-            async with to_session:
-                async for item in read:
-                    await to_session.send(item)
+            async for item in read:
+                await to_session.send(item)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
         finally:
-            closed.set()
+            closed.set()  # before the session sees the end: its failed calls then count as a lost connection
+            await to_session.aclose()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(relay)
@@ -192,7 +255,7 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
     stderr.feed(err_read)
     to_session, read = anyio.create_memory_object_stream[SessionMessage | Exception](64)
     write, from_session = anyio.create_memory_object_stream[SessionMessage](64)
-    handle = TransportHandle(read, write, pid=process.pid)
+    handle = TransportHandle(read, write, pid=process.pid, limit=config.max_message_bytes)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_read_stdout, process, to_session, handle)
@@ -215,12 +278,12 @@ async def _read_stdout(
     handle: TransportHandle,
 ) -> None:
     assert process.stdout is not None
-    splitter = LineSplitter()
+    splitter = LineSplitter(handle.limit)
     try:
         async for chunk in process.stdout:
             for line in splitter.feed(chunk):
                 if line.strip():
-                    await to_session.send(parse_line(line, "upstream"))
+                    await to_session.send(parse_upstream_line(line))
     except MessageTooLarge as exc:
         handle.overflow = True
         log.warning("upstream message too large; dropping the connection", error=str(exc))
