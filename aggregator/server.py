@@ -32,7 +32,7 @@ from aggregator.catalog.model import Catalog
 from aggregator.catalog.search import ToolSearchIndex
 from aggregator.exposure import DirectTool, build_direct_tools
 from aggregator.faults import Fault
-from aggregator.log import get_logger
+from aggregator.log import get_logger, redact_text
 from aggregator.tools.base import OwnTool, ToolContext, fault_result, text_result
 from aggregator.tools.catalog import CatalogTools
 from aggregator.tools.introspection import introspection_tools
@@ -209,7 +209,8 @@ class AggregatorServer:
             return fault_result(fault)
         except Exception as exc:
             log.exception("tool failed", tool=name)
-            return text_result(f"internal error in aggregator tool {name}: {type(exc).__name__}: {exc}", is_error=True)
+            message = redact_text(f"internal error in aggregator tool {name}: {type(exc).__name__}: {exc}")
+            return text_result(message, is_error=True)
 
 
 def _for_era(result: Any, protocol_version: str) -> Any:

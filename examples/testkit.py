@@ -849,11 +849,11 @@ def main(argv: list[str] | None = None) -> None:
     if opts.spawn_log:
         with open(opts.spawn_log, "a") as fh:
             fh.write(f"{time.time():.6f} pid={os.getpid()} tag={opts.tag or '-'}\n")
+    if opts.print_env:
+        log(f"starting with {os.environ.get(opts.print_env, '')}")
     if opts.exit_at_start:
         log("--exit-at-start: failing on purpose")
         sys.exit(1)
-    if opts.print_env:
-        log(f"starting with {os.environ.get(opts.print_env, '')}")
     if opts.spawn_grandchild:
         spawn_grandchild(opts.pid_file, opts.grandchild_keeps_stdout, opts.grandchild_setsid)
     if opts.ignore_term:

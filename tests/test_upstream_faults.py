@@ -6,6 +6,8 @@ Each test reproduces one way an upstream used to crash, hang or lock out the agg
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,16 @@ import pytest
 
 from aggregator.faults import Fault
 from aggregator.upstream.pool import UpstreamPool
-from tests.conftest import aggregator_client, kit_upstream, structured, write_config
+from tests.conftest import (
+    EXAMPLES,
+    aggregator_client,
+    aggregator_env,
+    free_port,
+    kit_upstream,
+    structured,
+    wait_for_port,
+    write_config,
+)
 from tests.test_pool import config_of
 
 # A call that is not answered at once waits this long before the test fails; far below the 60 s
@@ -134,3 +145,49 @@ async def test_result_invalid_per_schema_is_a_fault_result(tmp_path: Path, resul
             fault = structured(answer)["error"]
             assert answer.is_error and fault["reason"] == "upstream_error" and "invalid" in fault["message"]
     assert "Traceback" not in log.read_text()
+
+
+# ---------------------------------------------------------------- secrets (cases 19, 20)
+
+ENV_SECRET = "s3cr3t-Value-42xyz"
+HEADER_SECRET = "hdr-Secret-999zz"
+
+
+async def test_env_secret_printed_by_an_upstream_is_masked_everywhere(tmp_path: Path) -> None:
+    """Case 20: a secret the upstream prints as plain text (not key=value) used to reach logs, results, CLI."""
+    leaky = kit_upstream("--print-env", "LEAKY", "--exit-at-start", env={"LEAKY": ENV_SECRET})
+    config = write_config(tmp_path, {"leaky": leaky})
+    log = tmp_path / "agg.log"
+    async with aggregator_client(config, "--log-file", str(log), "--log-level", "debug") as session:
+        failed = await session.call_tool("catalog_call_tool", {"server": "leaky", "tool": "echo", "arguments": {}})
+        servers = await session.call_tool("catalog_list_servers", {})
+    seen = [failed.content[0].text, json.dumps(failed.structured_content), servers.content[0].text]
+    assert failed.is_error and "starting with ***" in failed.content[0].text  # the tail is shown, masked
+    cli = subprocess.run(
+        [sys.executable, "-m", "aggregator", "list-upstreams", "--probe", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=aggregator_env(),
+        timeout=60,
+    )
+    seen += [cli.stdout, cli.stderr, log.read_text()]
+    assert "starting with ***" in cli.stdout
+    for text in seen:
+        assert ENV_SECRET not in text
+
+
+async def test_header_secret_ending_in_a_newline_is_not_returned(tmp_path: Path) -> None:
+    """Case 19: an invalid header value used to come back to the client whole, in the error text."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(EXAMPLES / "testkit.py"), "--http", str(port)])
+    try:
+        wait_for_port(port, server)
+        upstream = {"url": f"http://127.0.0.1:{port}/mcp", "headers": {"X-Api-Key": f"{HEADER_SECRET}\n"}}
+        config = write_config(tmp_path, {"web": upstream})
+        async with aggregator_client(config) as session:
+            failed = await session.call_tool("catalog_list_tools", {"server": "web"})
+    finally:
+        server.kill()
+        server.wait()
+    assert failed.is_error and "***" in failed.content[0].text, failed.content[0].text
+    assert HEADER_SECRET not in failed.content[0].text and HEADER_SECRET not in json.dumps(failed.structured_content)

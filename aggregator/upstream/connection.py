@@ -43,7 +43,7 @@ from aggregator.catalog.model import (
 from aggregator.catalog.store import CatalogStore
 from aggregator.config import UpstreamConfig
 from aggregator.faults import Fault
-from aggregator.log import get_logger
+from aggregator.log import get_logger, redact_text
 from aggregator.upstream.transports import TOO_LARGE, StderrTail, TransportHandle, open_transport
 
 log = get_logger(__name__)
@@ -220,7 +220,7 @@ class UpstreamConnection:
         delay = min(BACKOFF_FIRST * 2 ** (self._failures - 1), BACKOFF_MAX)
         self._retry_at = time.monotonic() + delay
         self.state = State.BACKOFF
-        self.last_error = reason
+        self.last_error = redact_text(reason)
         self._store.drop(self.name)
         log.warning("upstream failed", upstream=self.name, reason=reason, retry_in=delay)
 

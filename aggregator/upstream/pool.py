@@ -19,7 +19,7 @@ from aggregator.catalog.model import Catalog
 from aggregator.catalog.store import CatalogStore
 from aggregator.config import AggregatorConfig
 from aggregator.faults import Fault
-from aggregator.log import get_logger
+from aggregator.log import get_logger, register_secrets
 from aggregator.upstream.connection import ProgressFn, State, UpstreamConnection
 
 log = get_logger(__name__)
@@ -43,11 +43,21 @@ class UpstreamStatus:
     stderr_tail: list[str]
 
 
+def secret_values(config: AggregatorConfig) -> list[str]:
+    """Every configured value that may be a secret: upstream env and header values."""
+    return [
+        value
+        for upstream in config.upstreams.values()
+        for value in (*upstream.env.values(), *upstream.headers.values())
+    ]
+
+
 class UpstreamPool:
     """Implements `aggregator.catalog.source.CatalogSource` over real connections."""
 
     def __init__(self, config: AggregatorConfig, task_group: anyio.abc.TaskGroup) -> None:
         self.config = config
+        register_secrets(secret_values(config))
         self._store = CatalogStore()
         self._connections = {
             name: UpstreamConnection(upstream, self._store, task_group) for name, upstream in config.upstreams.items()

@@ -30,7 +30,7 @@ from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TI
 from mcp.shared.message import SessionMessage
 
 from aggregator.config import UpstreamConfig
-from aggregator.log import get_logger
+from aggregator.log import get_logger, redact_text
 from aggregator.upstream.inbound import parse_upstream_line
 from aggregator.wire import LineSplitter, MessageTooLarge, encode
 
@@ -71,7 +71,7 @@ class StderrTail:
                 self._add(pending)
 
     def _add(self, raw: bytes) -> None:
-        line = raw.decode("utf-8", "replace").rstrip("\r")
+        line = redact_text(raw.decode("utf-8", "replace").rstrip("\r"))  # kept masked: tails reach clients
         with self._lock:
             self._lines.append(line)
         log.debug("upstream stderr", upstream=self.upstream, line=line[:500])
