@@ -6,8 +6,10 @@ Each test reproduces one way an upstream used to crash, hang or lock out the agg
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,11 @@ from tests.conftest import (
     EXAMPLES,
     aggregator_client,
     aggregator_env,
+    alive,
     free_port,
     kit_upstream,
+    rpc,
+    spawn_raw_aggregator,
     structured,
     wait_for_port,
     write_config,
@@ -191,3 +196,44 @@ async def test_header_secret_ending_in_a_newline_is_not_returned(tmp_path: Path)
         server.wait()
     assert failed.is_error and "***" in failed.content[0].text, failed.content[0].text
     assert HEADER_SECRET not in failed.content[0].text and HEADER_SECRET not in json.dumps(failed.structured_content)
+
+
+# ---------------------------------------------------------------- beyond the process group
+
+
+def upstream_pids(proc: subprocess.Popen[bytes], pid_file: Path) -> tuple[int, int]:
+    called = rpc(proc, 1, "tools/call", {"name": "catalog_call_tool", "arguments": {"server": "kit", "tool": "pid"}})
+    return int(called["result"]["content"][0]["text"]), int(pid_file.read_text())
+
+
+def gone_soon(*pids: int, seconds: float = 10) -> list[int]:
+    """The pids still alive after waiting up to `seconds` for them to go."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.05)
+    return [pid for pid in pids if alive(pid)]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="process containment beyond the group is Linux-only")
+def test_setsid_grandchild_does_not_survive_shutdown(tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+    kit = kit_upstream("--spawn-grandchild", "--grandchild-setsid", "--pid-file", str(pid_file))
+    proc = spawn_raw_aggregator(write_config(tmp_path, {"kit": kit}))
+    upstream, grandchild = upstream_pids(proc, pid_file)
+    assert os.getsid(grandchild) != os.getsid(upstream)  # it really left the session and group
+    assert proc.stdin
+    proc.stdin.close()
+    assert proc.wait(timeout=30) == 0
+    assert gone_soon(upstream, grandchild) == []
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="process containment beyond the group is Linux-only")
+def test_nothing_survives_an_aggregator_killed_with_sigkill(tmp_path: Path) -> None:
+    """An upstream ignoring EOF and SIGTERM, and its setsid() grandchild, after `kill -9` of the aggregator."""
+    pid_file = tmp_path / "grandchild.pid"
+    kit = kit_upstream("--ignore-term", "--spawn-grandchild", "--grandchild-setsid", "--pid-file", str(pid_file))
+    proc = spawn_raw_aggregator(write_config(tmp_path, {"kit": kit}))
+    upstream, grandchild = upstream_pids(proc, pid_file)
+    proc.kill()
+    proc.wait(timeout=10)
+    assert gone_soon(upstream, grandchild) == []

@@ -10,14 +10,17 @@ when the child's stdout ends (the SDK tells nobody when an upstream dies).
 from __future__ import annotations
 
 import collections
+import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import anyio
 import anyio.abc
@@ -236,11 +239,13 @@ async def _relayed(
 @asynccontextmanager
 async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[TransportHandle]:
     assert config.command is not None
+    env = get_default_environment() | dict(config.env)
+    argv = guarded([_resolve_command(config.command, env, config.cwd), *config.args])
     err_read, err_write = os.pipe()
     try:
         process = await anyio.open_process(
-            [config.command, *config.args],
-            env=get_default_environment() | dict(config.env),
+            argv,
+            env=env,
             cwd=config.cwd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -270,6 +275,37 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
             await _stop_process(process)
             for stream in (to_session, read, write, from_session):
                 await stream.aclose()
+
+
+GUARD = Path(__file__).with_name("guard.py")
+
+
+def guarded(argv: list[str]) -> list[str]:
+    """On Linux, `argv` run under the guard (see guard.py), so no process of it outlives us."""
+    if sys.platform != "linux":
+        return argv
+    return [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), *argv]
+
+
+def _resolve_command(command: str, env: Mapping[str, str], cwd: str | None) -> str:
+    """The executable as the child would find it; raises what spawning it directly would raise.
+
+    Under the guard a missing command would only show as exit code 127, so it is
+    looked up here first (PATH of the child's environment, paths relative to cwd).
+    """
+    if cwd is not None and not os.path.isdir(cwd):
+        raise NotADirectoryError(errno.ENOTDIR, "working directory not found", cwd)
+    if os.sep in command:
+        path = os.path.join(cwd or ".", command)
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, "command not found", command)
+        if os.path.isdir(path) or not os.access(path, os.X_OK):
+            raise PermissionError(errno.EACCES, "command not executable", command)
+        return command
+    found = shutil.which(command, path=env.get("PATH", os.defpath))
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, "command not found", command)
+    return command
 
 
 async def _read_stdout(
