@@ -237,3 +237,32 @@ def test_nothing_survives_an_aggregator_killed_with_sigkill(tmp_path: Path) -> N
     proc.kill()
     proc.wait(timeout=10)
     assert gone_soon(upstream, grandchild) == []
+
+
+# ---------------------------------------------------------------- one message cap for every transport (case 7)
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_max_message_bytes_holds_on_every_transport(tmp_path: Path, transport: str) -> None:
+    """Case 7: the cap used to hold on stdio only; an HTTP upstream's huge answer passed through."""
+    cap = 256 * 1024
+    server = None
+    if transport == "http":
+        port = free_port()
+        server = subprocess.Popen([sys.executable, str(EXAMPLES / "testkit.py"), "--http", str(port)])
+        wait_for_port(port, server)
+        upstream: dict[str, Any] = {"url": f"http://127.0.0.1:{port}/mcp"}
+    else:
+        upstream = kit_upstream()
+    try:
+        async with UpstreamPool.running(config_of({"kit": {**upstream, "max_message_bytes": cap}})) as pool:
+            small = await pool.call_tool("kit", "big", {"n": cap // 2})
+            assert len(small["content"][0]["text"]) == cap // 2
+            fault = await call_fault(pool, "kit", "big", {"n": 4 * cap})
+            assert fault.reason == "response_too_large" and str(cap) in fault.message
+            if transport == "http":  # the connection itself is fine: only that answer was refused
+                assert pool.status("kit").state == "ready"
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
