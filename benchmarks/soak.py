@@ -138,13 +138,20 @@ async def worker(session: ClientSession, rng: random.Random, until: float, tally
         await anyio.sleep(rng.uniform(0, 0.02))
 
 
-def proc_figures(pid: int) -> tuple[float, int]:
-    """(RSS in MB, open fds) of a process."""
+def proc_figures(pid: int) -> tuple[float, int, str]:
+    """(RSS in MB, open fds, fds by kind) of a process."""
     rss_kb = 0
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             rss_kb = int(line.split()[1])
-    return rss_kb / 1024, len(os.listdir(f"/proc/{pid}/fd"))
+    kinds: collections.Counter[str] = collections.Counter()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        kinds[target.split(":")[0] if ":" in target else "file"] += 1
+    return rss_kb / 1024, sum(kinds.values()), " ".join(f"{k}={v}" for k, v in sorted(kinds.items()))
 
 
 def find_pid(predicate: Callable[[list[str]], bool]) -> int:
@@ -235,6 +242,12 @@ async def soak(seconds: float, seed: int, workers: int) -> dict[str, Any]:
                         tg.start_soon(worker, session, random.Random(seed * 1000 + i), start + seconds, tally)
                     await anyio.sleep(warm)
                     report["start"] = {name: proc_figures(pid) for name, pid in pids.items()}
+                    report["samples"] = {name: [] for name in pids}
+                    while time.monotonic() < start + seconds - 1:  # ten samples: growth or a plateau?
+                        await anyio.sleep((seconds - warm) / 10)
+                        for name, pid in pids.items():
+                            rss, fds, _kinds = proc_figures(pid)
+                            report["samples"][name].append(f"{rss:.0f}/{fds}")
                 report["end"] = {name: proc_figures(pid) for name, pid in pids.items()}
                 report["elapsed"] = time.monotonic() - start
             deadline = time.monotonic() + 10
@@ -261,8 +274,10 @@ def main() -> None:
     for key in sorted(k for k in tally if k not in ("calls", "answered", "unanswered")):
         print(f"  {key:32} {tally[key]}")
     for name in ("stdio", "http"):
-        (rss0, fd0), (rss1, fd1) = report["start"][name], report["end"][name]
+        (rss0, fd0, kinds0), (rss1, fd1, kinds1) = report["start"][name], report["end"][name]
         print(f"{name:5} aggregator: RSS {rss0:.1f} -> {rss1:.1f} MB ({rss1 - rss0:+.1f}), fds {fd0} -> {fd1}")
+        print(f"      fds by kind: {kinds0} -> {kinds1}")
+        print(f"      RSS MB/fds over time: {' '.join(report['samples'][name])}")
     print(f"orphans after shutdown: {len(report['orphans'])} {report['orphans'] or ''}")
 
 

@@ -298,6 +298,9 @@ class Wire:
     def error(self, request_id: Any, code: int, message: str) -> None:
         self.send({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
 
+    def abandon(self, request_id: Any) -> None:
+        """A cancelled request gets no answer on stdio (see HttpWire for HTTP)."""
+
     def notify(self, method: str, params: dict[str, Any]) -> None:
         self.send({"jsonrpc": "2.0", "method": method, "params": params})
 
@@ -609,10 +612,11 @@ class Testkit:
             result = {"content": [text_block(f"internal error: {exc}")], "isError": True}
         with self.calls_lock:
             self.calls.pop(call.request_id, None)
+        if call.cancelled.is_set() and not self.opts.ignore_cancel:
+            self.wire.abandon(call.request_id)  # cancelled: the client expects no answer
+            return
         if result is None:
             return
-        if call.cancelled.is_set() and not self.opts.ignore_cancel:
-            return  # cancelled: the client expects no answer
         self.wire.result(call.request_id, result)
 
     def tool_add(self, args: dict[str, Any], _call: Call) -> dict[str, Any]:
@@ -777,6 +781,10 @@ class HttpWire(Wire):
         with self._lock:
             self.waiting[json.dumps(request_id)] = slot
         return slot
+
+    def abandon(self, request_id: Any) -> None:
+        """An HTTP request must end: a cancelled one is answered with an error, as SDK servers do."""
+        self.error(request_id, -32800, "Request cancelled")
 
     def send_raw(self, data: bytes) -> None:
         try:
