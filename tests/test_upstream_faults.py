@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
+from aggregator.examples.testkit import nested
 
 from aggregator.faults import Fault
 from aggregator.upstream.pool import UpstreamPool
@@ -81,11 +82,14 @@ async def test_jsonrpc_error_is_an_answer_not_a_lost_connection(tmp_path: Path) 
 
 async def test_deeply_nested_tool_schema_drops_that_tool_only(tmp_path: Path) -> None:
     """Case 4: a schema nested ~130 levels used to lose the whole catalog after the connect timeout."""
-    config = config_of({"kit": kit_upstream("--deep-tool", "130", timeouts={"connect": 60})})
-    async with UpstreamPool.running(config) as pool:
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps([{"name": "medium", "inputSchema": nested(25)}]))  # 51 levels: fine
+    kit = kit_upstream("--deep-tool", "130", "--extra-tools", str(extra), timeouts={"connect": 60})
+    async with UpstreamPool.running(config_of({"kit": kit})) as pool:
         with anyio.fail_after(PROMPT):
             catalog = await pool.ensure_catalog("kit")
-        assert catalog.tool("echo") is not None and catalog.tool("deep") is None
+        assert catalog.tool("echo") is not None and catalog.tool("medium") is not None
+        assert catalog.tool("deep") is None
         assert any("deep" in reason and "nested" in reason for reason in catalog.dropped)
 
 

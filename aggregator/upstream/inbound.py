@@ -28,6 +28,7 @@ from aggregator.log import get_logger
 log = get_logger(__name__)
 
 LISTING_KEYS = ("tools", "prompts", "resources", "resourceTemplates")
+MAX_RESULT_NESTING = 100  # deeper results cannot reach a client: its parser stops at about 128 levels
 INVALID_ANSWER = "the upstream's answer is invalid"
 _ID_PATTERN = re.compile(rb'"id"\s*:\s*(-?\d{1,18}|"(?:[^"\\]|\\.){0,200}")')
 
@@ -65,8 +66,8 @@ def _salvage(data: Any) -> dict[str, Any] | None:
     for key in LISTING_KEYS:
         if isinstance(result.get(key), list):
             result[key] = [_mark_if_too_deep(item) for item in result[key]]
-    if nesting_exceeds(result, MAX_NESTING):
-        return _error(request_id, f"its result is nested deeper than {MAX_NESTING} levels")
+    if nesting_exceeds(result, MAX_RESULT_NESTING):
+        return _error(request_id, f"its result is nested deeper than {MAX_RESULT_NESTING} levels")
     return {"jsonrpc": "2.0", "id": request_id, "result": result}
 
 
