@@ -47,6 +47,7 @@ TESTKIT_CORE = {
     "big",
     "set_tools",
     "pid",
+    "reply",
 }
 
 
@@ -269,7 +270,7 @@ async def test_testkit_paginates_and_lists_prompts_and_resources() -> None:
             cursor = page.next_cursor
             if cursor is None:
                 break
-        assert pages == 4  # 11 core tools + 5 noop tools, 4 per page
+        assert pages == 5  # 12 core tools + 5 noop tools, 4 per page
         assert set(names) == TESTKIT_CORE | {f"noop_00{i}" for i in range(1, 6)}
         assert len((await session.list_prompts()).prompts) == 2
         assert len((await session.list_resources()).resources) == 2

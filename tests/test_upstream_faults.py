@@ -32,7 +32,7 @@ from tests.conftest import (
     wait_for_port,
     write_config,
 )
-from tests.test_pool import config_of
+from tests.test_pool import config_of, toolbox_over
 
 # A call that is not answered at once waits this long before the test fails; far below the 60 s
 # call timeout the bugs used to wait out, far above any honest answer even on a loaded machine.
@@ -270,3 +270,17 @@ async def test_max_message_bytes_holds_on_every_transport(tmp_path: Path, transp
         if server is not None:
             server.kill()
             server.wait()
+
+
+@pytest.mark.parametrize(("transport", "kind"), [("streamable-http", "http"), ("sse", "sse")])
+async def test_max_message_bytes_holds_on_sse_events(transport: str, kind: str) -> None:
+    """The SDK's toolbox answers over SSE events (streamable HTTP and legacy SSE): each event is capped."""
+    cap = 64 * 1024
+    with toolbox_over(transport) as url:
+        config = config_of({"remote": {"url": url, "transport": kind, "max_message_bytes": cap}})
+        async with UpstreamPool.running(config) as pool:
+            small = await pool.call_tool("remote", "base64_encode", {"text": "x" * 1000})
+            assert not small.get("isError")
+            with anyio.fail_after(PROMPT), pytest.raises(Fault) as caught:
+                await pool.call_tool("remote", "base64_encode", {"text": "x" * (2 * cap)})
+            assert caught.value.reason == "response_too_large", caught.value

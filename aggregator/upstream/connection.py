@@ -360,7 +360,7 @@ class UpstreamConnection:
         lost = handle.closed.is_set() if handle is not None else exc.code == CONNECTION_CLOSED
         if not lost:
             message = " ".join(str(exc.message).split())[:1000]
-            if TOO_LARGE in message:
+            if TOO_LARGE.search(message):
                 return Fault("response_too_large", f"upstream {self.name!r}: {message}")
             return Fault("upstream_error", f"upstream {self.name!r} answered with error {exc.code}: {message}")
         if run is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import errno
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -43,7 +44,8 @@ STDERR_TAIL_LINES = 40
 EXIT_POLL_SECONDS = 0.25
 EXIT_GRACE_SECONDS = 1.0  # after stdin closes, before SIGTERM to the group
 TERM_GRACE_SECONDS = 1.0  # after SIGTERM, before SIGKILL
-TOO_LARGE = "a message exceeded"  # how every transport words a message over max_message_bytes
+# How the SDK (SSE events) and we (HTTP bodies) word a message over max_message_bytes.
+TOO_LARGE = re.compile(r"exceeded the \d+ byte limit")
 
 
 class StderrTail:
@@ -108,14 +110,15 @@ async def open_transport(config: UpstreamConfig, stderr: StderrTail) -> AsyncIte
         return
     closed = anyio.Event()
     limit = config.max_message_bytes
+    overflow = _Overflow()
     assert config.url is not None
-    if config.transport == "http":
+    if config.transport == "http":  # SSE events: the SDK's own cap; JSON bodies: ours
         client = capped_http_client(limit, headers=dict(config.headers) or None, timeout=_http_timeout(config))
         client.event_hooks = {"response": [_session_lost_hook(closed)]}
         async with (
             client,
             streamable_http_client(config.url, http_client=client, max_sse_event_size=limit) as streams,
-            _relayed(streams, closed, limit) as handle,  # type: ignore[arg-type]
+            _relayed(streams, closed, limit, overflow) as handle,  # type: ignore[arg-type]
         ):
             yield handle
     else:
@@ -126,12 +129,19 @@ async def open_transport(config: UpstreamConfig, stderr: StderrTail) -> AsyncIte
                 timeout=config.timeouts.connect,
                 sse_read_timeout=max(300.0, config.timeouts.call * 2),
                 httpx_client_factory=lambda headers=None, timeout=None, auth=None: capped_http_client(
-                    limit, headers=headers, timeout=timeout, auth=auth
+                    limit, headers=headers, timeout=timeout, auth=auth, overflow=overflow
                 ),
             ) as streams,
-            _relayed(streams, closed, limit) as handle,
+            _relayed(streams, closed, limit, overflow) as handle,
         ):  # type: ignore[arg-type]
             yield handle
+
+
+@dataclass
+class _Overflow:
+    """Set by the HTTP byte cap when it ends an SSE stream: the connection was lost to a huge message."""
+
+    seen: bool = False
 
 
 class ResponseTooLarge(httpx2.StreamError):
@@ -141,20 +151,26 @@ class ResponseTooLarge(httpx2.StreamError):
 class _CappedStream(httpx2.AsyncByteStream):
     """Counts the bytes of one message as they arrive: the whole body, or each SSE event."""
 
-    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, per_event: bool) -> None:
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, overflow: _Overflow | None) -> None:
         self._inner = inner
         self._limit = limit
-        self._per_event = per_event
+        self._overflow = overflow  # None: a whole body is one message; else each SSE event is
+        self._per_event = overflow is not None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         size = 0
+        tail = b""  # the end of the previous chunk: a boundary may straddle two chunks
         async for chunk in self._inner:
-            if self._per_event and (cut := max(chunk.rfind(b"\n\n"), chunk.rfind(b"\r\n\r\n"))) >= 0:
-                size = len(chunk) - cut  # bytes after the last event boundary
+            seen = tail + chunk
+            if self._per_event and (cut := max(seen.rfind(b"\n\n"), seen.rfind(b"\n\r\n"))) >= 0:
+                size = len(seen) - cut  # bytes after the last event boundary
             else:
                 size += len(chunk)
+            tail = chunk[-3:]
             if size > self._limit:
-                raise ResponseTooLarge(f"{TOO_LARGE} {self._limit} bytes (max_message_bytes)")
+                if self._overflow is not None:
+                    self._overflow.seen = True
+                raise ResponseTooLarge(f"a message exceeded the {self._limit} byte limit (max_message_bytes)")
             yield chunk
 
     async def aclose(self) -> None:
@@ -162,15 +178,20 @@ class _CappedStream(httpx2.AsyncByteStream):
 
 
 class _CappedTransport(httpx2.AsyncBaseTransport):
-    def __init__(self, limit: int) -> None:
+    """Caps JSON bodies; SSE streams too when given an `_Overflow` (else the SDK caps their events)."""
+
+    def __init__(self, limit: int, overflow: _Overflow | None) -> None:
         self._inner = httpx2.AsyncHTTPTransport()
         self._limit = limit
+        self._overflow = overflow
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self._inner.handle_async_request(request)
-        per_event = response.headers.get("content-type", "").lower().startswith("text/event-stream")
         assert isinstance(response.stream, httpx2.AsyncByteStream)
-        response.stream = _CappedStream(response.stream, self._limit, per_event)
+        if not response.headers.get("content-type", "").lower().startswith("text/event-stream"):
+            response.stream = _CappedStream(response.stream, self._limit, None)
+        elif self._overflow is not None:
+            response.stream = _CappedStream(response.stream, self._limit, self._overflow)
         return response
 
     async def aclose(self) -> None:
@@ -182,11 +203,12 @@ def capped_http_client(
     headers: dict[str, str] | None = None,
     timeout: httpx2.Timeout | None = None,
     auth: httpx2.Auth | None = None,
+    overflow: _Overflow | None = None,
 ) -> httpx2.AsyncClient:
     """The SDK's HTTP client, refusing any message over `limit` bytes as it streams in."""
     if timeout is None:  # the SDK's defaults, as create_mcp_http_client has them
         timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
-    return httpx2.AsyncClient(headers=headers, timeout=timeout, auth=auth, transport=_CappedTransport(limit))
+    return httpx2.AsyncClient(headers=headers, timeout=timeout, auth=auth, transport=_CappedTransport(limit, overflow))
 
 
 def _http_timeout(config: UpstreamConfig) -> httpx2.Timeout:
@@ -208,6 +230,7 @@ async def _relayed(
     streams: tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]],
     closed: anyio.Event,
     limit: int,
+    overflow: _Overflow,
 ) -> AsyncIterator[TransportHandle]:
     """Pass the SDK's read stream through, so the end of an HTTP/SSE connection is noticed."""
     read, write = streams
@@ -221,6 +244,7 @@ async def _relayed(
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
         finally:
+            handle.overflow = overflow.seen
             closed.set()  # before the session sees the end: its failed calls then count as a lost connection
             await to_session.aclose()
 
