@@ -108,9 +108,13 @@ answers = (
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(answer=answers, version=st.sampled_from(VERSIONS))
 def test_any_answer_to_a_call_is_a_result_or_a_fault(
-    kit_pool: tuple[BlockingPortal, UpstreamPool], answer: dict[str, Any], version: str
+    kit_pool: tuple[BlockingPortal, UpstreamPool],
+    caplog: pytest.LogCaptureFixture,
+    answer: dict[str, Any],
+    version: str,
 ) -> None:
     portal, pool = kit_pool
+    caplog.clear()
 
     async def call() -> Any:
         with anyio.fail_after(PROMPT):
@@ -135,3 +139,4 @@ def test_any_answer_to_a_call_is_a_result_or_a_fault(
             return await pool.call_tool("kit", "echo", {"message": "alive"})
 
     assert portal.call(still_serving)["content"][0]["text"] == "alive"
+    assert not [record for record in caplog.records if record.exc_info], "a traceback was logged"
