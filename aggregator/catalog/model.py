@@ -25,8 +25,13 @@ class MalformedEntry(ValueError):
 
 
 def nesting_exceeds(value: Any, limit: int) -> bool:
-    """True if `value` has objects or arrays nested more than `limit` levels (no recursion)."""
+    """True if `value` has objects or arrays nested more than `limit` levels (no recursion).
+
+    A container already walked is not walked again, so a cyclic structure built in
+    memory (JSON from the wire never is) ends the walk instead of counting forever.
+    """
     stack: list[tuple[Any, int]] = [(value, 1)]
+    seen: set[int] = set()
     while stack:
         item, depth = stack.pop()
         if isinstance(item, Mapping):
@@ -37,6 +42,9 @@ def nesting_exceeds(value: Any, limit: int) -> bool:
             continue
         if depth > limit:
             return True
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
         stack.extend((child, depth + 1) for child in children)
     return False
 
