@@ -284,7 +284,8 @@ class Wire:
     def send(self, message: dict[str, Any]) -> None:
         self.send_raw(json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n")
 
-    def send_raw(self, data: bytes) -> None:
+    def send_raw(self, data: bytes, request_id: Any = None) -> None:
+        """Write bytes as they are (`request_id`: the request they answer, if its id may be garbled)."""
         with self._lock:
             try:
                 self._stream.write(data)
@@ -689,7 +690,7 @@ class Testkit:
         """Send exactly the response asked for, however malformed (see the tool's description)."""
         if "line" in args:
             line = str(args["line"]).replace("ID", json.dumps(call.request_id))
-            self.wire.send_raw(line.encode() + b"\n")
+            self.wire.send_raw(line.encode() + b"\n", call.request_id)
         elif "error" in args:
             self.wire.send({"jsonrpc": "2.0", "id": call.request_id, "error": args["error"]})
         elif "nest" in args:
@@ -786,15 +787,16 @@ class HttpWire(Wire):
         """An HTTP request must end: a cancelled one is answered with an error, as SDK servers do."""
         self.error(request_id, -32800, "Request cancelled")
 
-    def send_raw(self, data: bytes) -> None:
+    def send_raw(self, data: bytes, request_id: Any = None) -> None:
+        """Route a response to its waiting POST: by its id, else by the request it answers."""
         try:
             key = json.dumps(json.loads(data).get("id"))
         except (ValueError, AttributeError, RecursionError):
             key = None
         with self._lock:
             slot = self.waiting.pop(key, None) if key is not None else None
-            if slot is None and len(self.waiting) == 1 and key is not None:
-                slot = self.waiting.popitem()[1]  # a garbled id: it answers the one request waiting
+            if slot is None and request_id is not None:
+                slot = self.waiting.pop(json.dumps(request_id), None)  # garbled: it still ends its POST
         if slot is not None:
             slot[1].append(data)
             slot[0].set()
