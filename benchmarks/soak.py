@@ -13,6 +13,10 @@ Prints: calls made and answered, outcomes by reason, each aggregator's RSS and o
 warm-up and at the end, and orphans (processes carrying this run's marker in their environment
 that are still alive after both aggregators stopped). Targets: every call answered, RSS growth
 under 10 MB, fds flat, 0 orphans. Not run in CI.
+
+Reading the fd figures: under uvloop each stdio upstream's stdin and stdout are socket pairs
+(libuv), so `socket` counts those as well as HTTP connections; the samples over time show
+whether the count drifts or only follows how many upstreams are up at that moment.
 """
 
 from __future__ import annotations
