@@ -25,7 +25,7 @@ from aggregator import __version__
 from aggregator.catalog.model import age_text
 from aggregator.commands import register_commands
 from aggregator.config import AggregatorConfig, ConfigError, load_config
-from aggregator.log import configure_logging, get_logger
+from aggregator.log import configure_logging, get_logger, register_secrets
 from aggregator.progress import progress_line
 from aggregator.settings import Settings, load_settings, resolve_data_dir
 from aggregator.table import render_table
@@ -103,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.pairs += extra
     try:
         settings = load_settings()
+        register_secrets([settings.token.get_secret_value()] if settings.token else [])
         configure_logging(
             getattr(args, "log_level", None) or settings.log_level,
             getattr(args, "log_file", None) or settings.log_file,

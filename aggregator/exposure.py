@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import mcp.types as types
+from mcp_types.methods import validate_server_result
+from mcp_types.version import KNOWN_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from aggregator.catalog.model import Catalog
@@ -40,6 +42,20 @@ def exposed_name(server: str, tool: str) -> str:
         return name
     digest = hashlib.sha256(f"{server}\0{tool}".encode()).hexdigest()[:8]
     return f"{name[: MAX_NAME - 9]}_{digest}"
+
+
+_MODERN_ENVELOPE = {"resultType": "complete", "ttlMs": 0, "cacheScope": "private"}
+
+
+def check_republishable(wire: Mapping[str, Any]) -> None:
+    """Raise ValidationError unless `wire` is a valid tool in every protocol version we serve.
+
+    The server validates a whole `tools/list` result against the client's version: one tool
+    it rejects would fail the listing for every tool, ours included.
+    """
+    for version in KNOWN_PROTOCOL_VERSIONS:
+        envelope = _MODERN_ENVELOPE if version in MODERN_PROTOCOL_VERSIONS else {}
+        validate_server_result("tools/list", version, {**envelope, "tools": [wire]})
 
 
 def build_direct_tools(
@@ -70,6 +86,7 @@ def build_direct_tools(
                 wire["title"] = f"{tool.title or tool.name} ({server})"
             try:
                 model = types.Tool.model_validate(wire)
+                check_republishable(wire)
             except ValidationError as exc:
                 log.warning("direct tool not republishable; skipped", server=server, tool=tool.name, error=str(exc))
                 continue

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from aggregator.log import redact_text
+
 FaultKind = Literal["programmer", "world"]
 
 PROGRAMMER_REASONS = frozenset({"invalid_argument", "unknown_server", "unknown_tool"})
@@ -23,6 +25,7 @@ class Fault(Exception):
     def __init__(self, reason: str, message: str) -> None:
         if reason not in PROGRAMMER_REASONS and reason not in WORLD_REASONS:
             raise ValueError(f"unknown fault reason {reason!r}")
+        message = redact_text(message)  # it reaches the client: no configured secret in it
         super().__init__(message)
         self.reason = reason
         self.message = message

@@ -5,16 +5,21 @@ step: values under secret-looking keys (token, authorization, password, secret, 
 headers, env, ...) become ``***``, and credentials inside strings (``Bearer xyz``, ``?token=xyz``,
 ``user:pw@host``, ``password=xyz``) are masked.
 
+Every configured secret *value* (upstream env and header values, the HTTP token) is registered
+with `register_secrets` and masked by `redact_text` wherever it appears, whatever its shape: in
+log lines, fault messages, stderr tails and CLI output, which all pass through `redact_text`.
+
 The stdlib loggers (the mcp SDK, uvicorn, httpx2) share the sink at WARNING, or at the chosen
 level when that is stricter; the aggregator's own loggers (``aggregator.*``) use the chosen level.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -24,10 +29,12 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 __all__ = [
     "REDACTED",
     "configure_logging",
+    "forget_secrets",
     "get_logger",
     "is_secret_key",
     "redact_event",
     "redact_text",
+    "register_secrets",
     "reset_logging",
 ]
 
@@ -77,6 +84,37 @@ _CREDENTIAL_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 
+MIN_SECRET_CHARS = 6  # shorter values ("1", "true", "dev") cannot be masked without garbling text
+_secret_values: set[str] = set()
+_secret_pattern: re.Pattern[str] | None = None
+
+
+def register_secrets(values: Iterable[str]) -> None:
+    """Mask these values (and their escaped and trimmed forms, and their words) from now on."""
+    global _secret_pattern
+    before = len(_secret_values)
+    for value in values:
+        _secret_values.update(v for v in _secret_variants(value) if len(v) >= MIN_SECRET_CHARS)
+    if len(_secret_values) != before:
+        ordered = sorted(_secret_values, key=lambda v: (-len(v), v))  # longest first: no partial leftovers
+        _secret_pattern = re.compile("|".join(re.escape(v) for v in ordered))
+
+
+def _secret_variants(value: str) -> set[str]:
+    """How a value shows up in text: as is, trimmed, escaped (repr, JSON), and word by word
+    (the token of ``Bearer <token>``)."""
+    variants = {value, value.strip(), json.dumps(value)[1:-1], repr(value)[1:-1]}
+    variants |= {value.encode("unicode_escape").decode("ascii", "replace")}
+    variants |= set(value.split())
+    return variants
+
+
+def forget_secrets() -> None:
+    """Drop every registered secret (for tests)."""
+    global _secret_pattern
+    _secret_values.clear()
+    _secret_pattern = None
+
 
 def is_secret_key(key: str) -> bool:
     """True if a value stored under ``key`` must not be logged."""
@@ -87,7 +125,9 @@ def is_secret_key(key: str) -> bool:
 
 
 def redact_text(text: str) -> str:
-    """Mask credentials that appear inside a string."""
+    """Mask registered secret values and credentials that appear inside a string."""
+    if _secret_pattern is not None:
+        text = _secret_pattern.sub(REDACTED, text)
     for pattern, replacement in _CREDENTIAL_PATTERNS:
         text = pattern.sub(replacement, text)
     return text

@@ -27,7 +27,9 @@ from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared.exceptions import MCPError
+from mcp_types.methods import validate_server_result
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
 from aggregator import __version__
 from aggregator.catalog.caps import capped_text
@@ -35,7 +37,7 @@ from aggregator.catalog.model import Catalog
 from aggregator.catalog.search import ToolSearchIndex
 from aggregator.exposure import DirectTool, build_direct_tools
 from aggregator.faults import Fault
-from aggregator.log import get_logger
+from aggregator.log import get_logger, redact_text
 from aggregator.passthrough import Passthrough, for_era, passthrough_meta
 from aggregator.relay import Clients
 from aggregator.tools.base import OwnTool, ToolContext, fault_result, text_result
@@ -318,19 +320,20 @@ class AggregatorServer:
         try:
             own = self._own.get(name)
             if own is not None:
-                return for_era(await own.handler(arguments, tool_ctx), ctx.protocol_version)
+                return _call_result(await own.handler(arguments, tool_ctx), ctx.protocol_version)
             direct = await self._direct_tool(name)
             if direct is not None:
                 result = await self.pool.call_tool(
                     direct.server, direct.tool, arguments, tool_ctx.report_progress, extra=tool_ctx.extra, origin=ctx
                 )
-                return for_era(result, ctx.protocol_version)
+                return _call_result(result, ctx.protocol_version)
             return fault_result(Fault("unknown_tool", f"no tool named {name!r}; use catalog_search_tools"))
         except Fault as fault:
             return fault_result(fault)
         except Exception as exc:
             log.exception("tool failed", tool=name)
-            return text_result(f"internal error in aggregator tool {name}: {type(exc).__name__}: {exc}", is_error=True)
+            message = redact_text(f"internal error in aggregator tool {name}: {type(exc).__name__}: {exc}")
+            return text_result(message, is_error=True)
 
     async def _direct_tool(self, name: str) -> DirectTool | None:
         """The direct tool `name`; a call before any tools/list starts the direct upstreams to find it."""
@@ -352,3 +355,23 @@ def _direct_predicates(pool: UpstreamPool) -> dict[str, Any]:
 
 def _shown(names: list[str]) -> str:
     return ", ".join(names[:12]) + (", …" if len(names) > 12 else "")
+
+
+def _call_result(result: Any, protocol_version: str) -> Any:
+    """An upstream's raw tools/call result as the client's protocol era requires (`for_era`), checked.
+
+    A 2026-07-28 client requires `resultType` on every result; upstreams of the
+    handshake era never send it. Nothing else is touched. A result the client's
+    protocol forbids (no content, content not a list, ...) becomes a fault result:
+    the SDK would otherwise answer JSON-RPC -32603 and log a traceback.
+    """
+    result = for_era(result, protocol_version)
+    if not isinstance(result, dict):
+        return result
+    try:
+        validate_server_result("tools/call", protocol_version, result)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "result"
+        return fault_result(Fault("upstream_error", f"the upstream's result is invalid: {where}: {first['msg']}"))
+    return result

@@ -20,12 +20,19 @@ Flags:
   --tag NAME           serverInfo.name becomes ``testkit-NAME``
   --spawn-log PATH     append one line per start (pid, tag, time)
   --ignore-cancel      keep running cancelled calls and send their results anyway
-  --event-log PATH     append a line per notable event (cancellations) to this file
+  --event-log PATH     append a line per notable event (cancellations, listings) to this file
   --catalog PATH       list the tools of this JSON file (a list, or an object with "tools") instead of
                        the core tools; calling one answers with its name and arguments
   --startup-delay S    sleep S seconds before serving, as a launcher (npx, uvx) would
+  --list-changed-storm send ``tools/list_changed`` after every ``tools/list`` answer
+  --extra-tools PATH   also list the tool definitions in this JSON file (a list), however broken
+  --deep-tool N        also list a tool ``deep`` whose inputSchema is nested N levels
+  --print-env NAME     write the value of environment variable NAME to stderr at start
+  --grandchild-setsid  the grandchild calls setsid(): it leaves our process group
+  --ignore-term        ignore SIGTERM, and keep running after stdin EOF
+  --http PORT          serve MCP over streamable HTTP (JSON responses) on 127.0.0.1:PORT, not stdio
 
-Tools: echo, add, image, structured, fail, slow, crash, stderr, big, set_tools, pid (see
+Tools: echo, add, image, structured, fail, slow, crash, stderr, big, set_tools, pid, reply (see
 ``CORE_TOOLS``), plus noop_NNN, the names given to ``set_tools`` and, with ``--malformed``, the broken
 definitions. Stdout carries protocol messages only; diagnostics go to stderr. The process exits on
 stdin EOF; running calls live in daemon threads and never keep it alive.
@@ -36,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -193,6 +201,22 @@ CORE_TOOLS: list[dict[str, Any]] = [
         "inputSchema": {"type": "object", "properties": {}},
         "annotations": _READ_ONLY,
     },
+    {
+        "name": "reply",
+        "description": (
+            "Answer with whatever is asked, valid or not: `result` as the JSON-RPC result, `error` as the"
+            " JSON-RPC error, a result nested `nest` levels deep, or `line` written raw (ID replaced by the id)."
+        ),
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "result": {},
+                "error": {},
+                "nest": {"type": "integer", "minimum": 0},
+                "line": {"type": "string"},
+            },
+        },
+    },
 ]
 CORE_NAMES = frozenset(tool["name"] for tool in CORE_TOOLS)
 
@@ -281,7 +305,10 @@ class Wire:
         self._lock = threading.Lock()
 
     def send(self, message: dict[str, Any]) -> None:
-        data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+        self.send_raw(json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n")
+
+    def send_raw(self, data: bytes, request_id: Any = None) -> None:
+        """Write bytes as they are (`request_id`: the request they answer, if its id may be garbled)."""
         with self._lock:
             try:
                 self._stream.write(data)
@@ -294,6 +321,9 @@ class Wire:
 
     def error(self, request_id: Any, code: int, message: str) -> None:
         self.send({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+
+    def abandon(self, request_id: Any) -> None:
+        """A cancelled request gets no answer on stdio (see HttpWire for HTTP)."""
 
     def notify(self, method: str, params: dict[str, Any]) -> None:
         self.send({"jsonrpc": "2.0", "method": method, "params": params})
@@ -309,6 +339,14 @@ class Call:
         self.progress_token = progress_token
         self.meta = meta
         self.cancelled = threading.Event()
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """An object schema nested `depth` levels (built without recursion, so any depth works)."""
+    value: dict[str, Any] = {"type": "object"}
+    for _ in range(depth):
+        value = {"type": "object", "properties": {"a": value}}
+    return value
 
 
 def log(text: str) -> None:
@@ -400,6 +438,7 @@ class Testkit:
                 "content": [text_block(json.dumps(call.meta))],
                 "structuredContent": {"meta": call.meta},
             },
+            "reply": self.tool_reply,
         }
 
     # ---- dispatch -------------------------------------------------------------------------
@@ -447,6 +486,10 @@ class Testkit:
             return
         if result is not None:
             self.wire.result(request_id, result)
+        if method == "tools/list":
+            record_event(self.opts, "tools/list")
+            if self.opts.list_changed_storm:
+                self.wire.notify("notifications/tools/list_changed", {})
 
     def handle_notification(self, method: str, params: Any) -> None:
         if method == "notifications/cancelled" and isinstance(params, dict):
@@ -489,6 +532,17 @@ class Testkit:
             tools += MALFORMED_TOOLS
         tools += [echo_tool(name) for name in self.noop_names]
         tools += [echo_tool(name) for name in extras]
+        if self.opts.extra_tools:
+            with open(self.opts.extra_tools) as fh:
+                tools += json.load(fh)
+        if self.opts.deep_tool:
+            tools.append(
+                {
+                    "name": "deep",
+                    "description": "A schema nested very deep.",
+                    "inputSchema": nested(self.opts.deep_tool),
+                }
+            )
         return tools
 
     def list_tools(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -597,10 +651,11 @@ class Testkit:
             result = {"content": [text_block(f"internal error: {exc}")], "isError": True}
         with self.calls_lock:
             self.calls.pop(call.request_id, None)
+        if call.cancelled.is_set() and not self.opts.ignore_cancel:
+            self.wire.abandon(call.request_id)  # cancelled: the client expects no answer
+            return
         if result is None:
             return
-        if call.cancelled.is_set() and not self.opts.ignore_cancel:
-            return  # cancelled: the client expects no answer
         self.wire.result(call.request_id, result)
 
     def tool_ask(self, args: dict[str, Any], _call: Call) -> dict[str, Any]:
@@ -690,6 +745,18 @@ class Testkit:
         pattern = "0123456789abcdef"
         return text_result((pattern * (n // len(pattern) + 1))[:n])
 
+    def tool_reply(self, args: dict[str, Any], call: Call) -> None:
+        """Send exactly the response asked for, however malformed (see the tool's description)."""
+        if "line" in args:
+            line = str(args["line"]).replace("ID", json.dumps(call.request_id))
+            self.wire.send_raw(line.encode() + b"\n", call.request_id)
+        elif "error" in args:
+            self.wire.send({"jsonrpc": "2.0", "id": call.request_id, "error": args["error"]})
+        elif "nest" in args:
+            self.wire.send({"jsonrpc": "2.0", "id": call.request_id, "result": nested(int(args["nest"]))})
+        else:
+            self.wire.send({"jsonrpc": "2.0", "id": call.request_id, "result": args.get("result")})
+
     def tool_set_tools(self, args: dict[str, Any], _call: Call) -> dict[str, Any]:
         names = _arg(args, "names", "strings")
         clashes = sorted(set(names) & (CORE_NAMES | set(self.noop_names)))
@@ -716,7 +783,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tag", default="", help="serverInfo name suffix")
     parser.add_argument("--spawn-log", help="append one line per start to this file")
     parser.add_argument("--ignore-cancel", action="store_true", help="answer cancelled calls anyway")
-    parser.add_argument("--event-log", help="append a line per notable event (cancellations) to this file")
+    parser.add_argument("--event-log", help="append a line per notable event (cancellations, listings) to this file")
+    parser.add_argument("--list-changed-storm", action="store_true", help="list_changed after every tools/list")
+    parser.add_argument("--extra-tools", help="JSON file with a list of extra (possibly broken) tool definitions")
+    parser.add_argument("--deep-tool", type=int, default=0, help="list a tool whose schema is nested N levels")
+    parser.add_argument("--print-env", help="write the value of this environment variable to stderr at start")
+    parser.add_argument("--grandchild-setsid", action="store_true", help="the grandchild leaves our session")
+    parser.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM and stdin EOF")
+    parser.add_argument("--http", type=int, default=0, help="serve streamable HTTP on 127.0.0.1:PORT")
     parser.add_argument("--catalog", help="JSON file of tools to list instead of the core tools")
     parser.add_argument("--startup-delay", type=float, default=0.0, help="seconds to sleep before serving")
     opts = parser.parse_args(argv)
@@ -744,11 +818,12 @@ def record_event(opts: argparse.Namespace, line: str) -> None:
             fh.write(f"{line}\n")
 
 
-def spawn_grandchild(pid_file: str, keep_stdout: bool = False) -> None:
+def spawn_grandchild(pid_file: str, keep_stdout: bool = False, setsid: bool = False) -> None:
     """Start `sleep 300` in our own process group (no new session) and record its pid atomically.
 
     With `keep_stdout` the grandchild inherits our stdout, as a launcher's leftovers often do:
-    our exit then does not end the pipe.
+    our exit then does not end the pipe. With `setsid` it leaves our session and process group, as a
+    daemonizing helper does: signalling our group no longer reaches it.
     """
     import subprocess  # only this flag needs it: keep start-up fast otherwise
 
@@ -757,6 +832,7 @@ def spawn_grandchild(pid_file: str, keep_stdout: bool = False) -> None:
         stdin=subprocess.DEVNULL,
         stdout=None if keep_stdout else subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=setsid,
     )
     tmp = f"{pid_file}.tmp{os.getpid()}"
     with open(tmp, "w") as fh:
@@ -765,21 +841,116 @@ def spawn_grandchild(pid_file: str, keep_stdout: bool = False) -> None:
     log(f"spawned grandchild {child.pid}")
 
 
+class HttpWire(Wire):
+    """Routes each response to the HTTP request waiting for its id; notifications are dropped."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.waiting: dict[str, tuple[threading.Event, list[bytes]]] = {}
+
+    def expect(self, request_id: Any) -> tuple[threading.Event, list[bytes]]:
+        slot: tuple[threading.Event, list[bytes]] = (threading.Event(), [])
+        with self._lock:
+            self.waiting[json.dumps(request_id)] = slot
+        return slot
+
+    def abandon(self, request_id: Any) -> None:
+        """An HTTP request must end: a cancelled one is answered with an error, as SDK servers do."""
+        self.error(request_id, -32800, "Request cancelled")
+
+    def send_raw(self, data: bytes, request_id: Any = None) -> None:
+        """Route a response to its waiting POST: by its id, else by the request it answers."""
+        try:
+            key = json.dumps(json.loads(data).get("id"))
+        except (ValueError, AttributeError, RecursionError):
+            key = None
+        with self._lock:
+            slot = self.waiting.pop(key, None) if key is not None else None
+            if slot is None and request_id is not None:
+                slot = self.waiting.pop(json.dumps(request_id), None)  # garbled: it still ends its POST
+        if slot is not None:
+            slot[1].append(data)
+            slot[0].set()
+
+
+def serve_http(opts: argparse.Namespace) -> None:
+    """Stateless streamable HTTP: each POSTed request is answered with one JSON body."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    wire = HttpWire()
+    server = Testkit(opts, wire)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:  # no server-to-client stream
+            self.send_response(405)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_DELETE(self) -> None:
+            self.do_GET()
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                message = json.loads(body)
+            except ValueError:
+                message = None
+            slot = (
+                wire.expect(message["id"])
+                if isinstance(message, dict) and "id" in message and "method" in message
+                else None
+            )
+            server.handle_line(body)
+            if slot is None:
+                self.send_response(202)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            slot[0].wait()
+            data = slot[1][0]
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", opts.http), Handler)
+    httpd.daemon_threads = True
+    log(f"serving HTTP on 127.0.0.1:{opts.http}")
+    httpd.serve_forever()
+
+
 def main(argv: list[str] | None = None) -> None:
     opts = parse_args(argv)
     if opts.spawn_log:
         with open(opts.spawn_log, "a") as fh:
             fh.write(f"{time.time():.6f} pid={os.getpid()} tag={opts.tag or '-'}\n")
+    if opts.print_env:
+        log(f"starting with {os.environ.get(opts.print_env, '')}")
     if opts.exit_at_start:
         log("--exit-at-start: failing on purpose")
         sys.exit(1)
     if opts.spawn_grandchild:
-        spawn_grandchild(opts.pid_file, opts.grandchild_keeps_stdout)
+        spawn_grandchild(opts.pid_file, opts.grandchild_keeps_stdout, opts.grandchild_setsid)
     if opts.startup_delay > 0:
         time.sleep(opts.startup_delay)
+    if opts.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if opts.http:
+        serve_http(opts)
+        return
     server = Testkit(opts, Wire(sys.stdout.buffer))
     for raw in sys.stdin.buffer:
         server.handle_line(raw)
+    if opts.ignore_term:
+        log("--ignore-term: stdin closed, running on")
+        while True:
+            time.sleep(3600)
     # stdin EOF: leave at once; calls still running live in daemon threads and are abandoned.
     sys.stderr.flush()
     os._exit(0)

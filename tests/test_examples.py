@@ -49,6 +49,7 @@ TESTKIT_CORE = {
     "pid",
     "ask",
     "meta",
+    "reply",
 }
 
 
@@ -271,7 +272,7 @@ async def test_testkit_paginates_and_lists_prompts_and_resources() -> None:
             cursor = page.next_cursor
             if cursor is None:
                 break
-        assert pages == 4  # 13 core tools + 3 noop tools, 4 per page
+        assert pages == 5  # 14 core tools + 3 noop tools, 4 per page
         assert set(names) == TESTKIT_CORE | {f"noop_00{i}" for i in range(1, 4)}
         assert len((await session.list_prompts()).prompts) == 2
         assert len((await session.list_resources()).resources) == 2

@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 
 from aggregator.config import UpstreamConfig
-from aggregator.log import configure_logging, get_logger, is_secret_key, redact_text, reset_logging
+from aggregator.log import (
+    configure_logging,
+    forget_secrets,
+    get_logger,
+    is_secret_key,
+    redact_text,
+    register_secrets,
+    reset_logging,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -193,3 +201,21 @@ def test_file_sink(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_unknown_level_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown log level"):
         configure_logging("loud")
+
+
+def test_registered_secret_values_are_masked_in_any_shape() -> None:
+    """Configured values are masked as they are, escaped, trimmed and word by word; short ones are not."""
+    register_secrets(["Bearer tok-123456789\n", "plainsecretvalue", "dev"])
+    try:
+        for text in (
+            "header value 'Bearer tok-123456789\\n' is invalid",  # repr-escaped newline
+            '{"authorization": "Bearer tok-123456789\\n"}',  # JSON-escaped
+            "using tok-123456789 now",  # the token alone
+            "the value is plainsecretvalue, see",
+        ):
+            masked = redact_text(text)
+            assert "tok-123456789" not in masked and "plainsecretvalue" not in masked, masked
+            assert "***" in masked
+        assert redact_text("dev mode") == "dev mode"  # under MIN_SECRET_CHARS: left alone
+    finally:
+        forget_secrets()

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 SUMMARY_CHARS = 200
+MAX_NESTING = 64  # deeper schemas are dropped: clients' JSON parsers stop at about 128 levels
+DROPPED_MARK = "x-aggregator-dropped"  # set by the transport on an entry it could not read
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)|[。！？]")
 _ABBREVIATIONS = ("e.g", "i.e", "etc", "vs", "cf", "approx", "incl", "no")
 
@@ -29,6 +31,31 @@ def age_text(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f}{unit}"
     return f"{seconds:.0f}s"
+
+
+def nesting_exceeds(value: Any, limit: int) -> bool:
+    """True if `value` has objects or arrays nested more than `limit` levels (no recursion).
+
+    A container already walked is not walked again, so a cyclic structure built in
+    memory (JSON from the wire never is) ends the walk instead of counting forever.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    seen: set[int] = set()
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def summarize(description: str | None) -> str:
@@ -201,6 +228,8 @@ def _name(raw: Any, what: str) -> str:
     name = raw.get("name")
     if not isinstance(name, str) or not name.strip():
         raise MalformedEntry(f"{what} has no name")
+    if DROPPED_MARK in raw:
+        raise MalformedEntry(f"{what} {name!r}: {raw[DROPPED_MARK]}")
     return name
 
 
@@ -215,11 +244,12 @@ def clean_tool(server: str, raw: Any, *, hidden: bool = False) -> ToolEntry:
         schema["type"] = "object"
     elif schema.get("type") != "object":
         raise MalformedEntry(f"tool {name!r}: inputSchema type is {schema.get('type')!r}, not 'object'")
-    if "properties" in schema and not isinstance(schema["properties"], Mapping):
-        raise MalformedEntry(f"tool {name!r}: inputSchema.properties is not an object")
+    _check_schema(name, schema)
     output = raw.get("outputSchema")
     if output is not None and not (isinstance(output, Mapping) and output.get("type") == "object"):
         output = None  # unusable output schema: drop it, keep the tool
+    if output is not None and nesting_exceeds(output, MAX_NESTING):
+        output = None
     annotations = raw.get("annotations")
     if not isinstance(annotations, Mapping):
         annotations = None
@@ -245,6 +275,20 @@ def clean_tool(server: str, raw: Any, *, hidden: bool = False) -> ToolEntry:
         wire=wire,
         hidden=hidden,
     )
+
+
+def _check_schema(name: str, schema: Mapping[str, Any]) -> None:
+    """What every protocol version requires of an inputSchema, and a sane depth."""
+    properties = schema.get("properties")
+    if properties is not None and not (
+        isinstance(properties, Mapping) and all(isinstance(p, Mapping | bool) for p in properties.values())
+    ):
+        raise MalformedEntry(f"tool {name!r}: inputSchema.properties is not an object of schemas")
+    required = schema.get("required")
+    if required is not None and not (isinstance(required, list) and all(isinstance(r, str) for r in required)):
+        raise MalformedEntry(f"tool {name!r}: inputSchema.required is not a list of names")
+    if nesting_exceeds(schema, MAX_NESTING):
+        raise MalformedEntry(f"tool {name!r}: inputSchema is nested deeper than {MAX_NESTING} levels")
 
 
 def clean_prompt(server: str, raw: Any, *, hidden: bool = False) -> PromptEntry:

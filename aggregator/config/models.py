@@ -24,6 +24,7 @@ __all__ = [
 
 RESERVED_NAME = "aggregator"
 BUILTIN_SOURCE = "<built-in default>"
+DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024  # one JSON-RPC message from an upstream
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
 """An upstream name; always used with ``fullmatch`` (``$`` would let a trailing newline through)."""
 
@@ -102,6 +103,7 @@ class UpstreamConfig(UpstreamPresentation):
     timeouts: Timeouts = Field(default_factory=Timeouts)
     snapshots: bool = True  # keep the catalog on disk and serve it before the upstream starts
     snapshot_max_age: Duration = DEFAULT_SNAPSHOT_MAX_AGE  # seconds; older snapshots are ignored
+    max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=1024)  # one message from it, any transport
 
     @model_validator(mode="after")
     def _check(self) -> UpstreamConfig:

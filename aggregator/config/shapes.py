@@ -15,7 +15,13 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 from aggregator.config.errors import Context, KeyPath
-from aggregator.config.models import DEFAULT_SNAPSHOT_MAX_AGE, Duration, Transport, UpstreamPresentation
+from aggregator.config.models import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_SNAPSHOT_MAX_AGE,
+    Duration,
+    Transport,
+    UpstreamPresentation,
+)
 
 __all__ = [
     "EXAMPLE_HINT",
@@ -55,6 +61,7 @@ class RawDefaults(BaseModel):
     max_result_bytes: int = Field(default=262144, ge=1024)
     snapshots: bool = True
     snapshot_max_age: Duration = DEFAULT_SNAPSHOT_MAX_AGE
+    max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=1024)
 
 
 class RawUpstream(UpstreamPresentation):
@@ -72,6 +79,7 @@ class RawUpstream(UpstreamPresentation):
     timeouts: RawTimeouts = Field(default_factory=RawTimeouts)
     snapshots: bool | None = None  # None: as under defaults:
     snapshot_max_age: Duration | None = None
+    max_message_bytes: int | None = Field(default=None, ge=1024)
 
 
 class RawClientServer(RawUpstream):
@@ -111,6 +119,7 @@ FIX_HINTS: dict[str, str] = {
     "max_result_bytes": "give a whole number of bytes, at least 1024, e.g. max_result_bytes: 262144",
     "snapshots": "use snapshots: true (keep catalogs on disk, the default) or snapshots: false",
     "snapshot_max_age": "give a positive duration: seconds, or a number with s, m, h, d or w, e.g. 30d",
+    "max_message_bytes": "give a whole number of bytes, at least 1024, e.g. max_message_bytes: 33554432",
     "disabled": "use disabled: true or disabled: false",
     "envFile": "set envFile to the path of a NAME=value file",
     "autoApprove": "write autoApprove as a list of tool names (the aggregator ignores it)",

@@ -15,6 +15,7 @@ backoff window fail at once with `upstream_unavailable`.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
@@ -42,16 +43,17 @@ from aggregator.catalog.model import (
 from aggregator.catalog.store import CatalogStore
 from aggregator.config import UpstreamConfig
 from aggregator.faults import Fault
-from aggregator.log import get_logger
+from aggregator.log import get_logger, redact_text
 from aggregator.upstream.session import Downstream, NoDownstream, UpstreamSession
-from aggregator.upstream.transports import StderrTail, TransportHandle, open_transport
-from aggregator.wire import MAX_MESSAGE_BYTES
+from aggregator.upstream.transports import TOO_LARGE, StderrTail, TransportHandle, open_transport
 
 log = get_logger(__name__)
 
 BACKOFF_FIRST = 0.1
 BACKOFF_MAX = 30.0
 MAX_PAGES = 1000
+REFRESH_MIN_INTERVAL = 1.0  # between two listings caused by list_changed ...
+REFRESH_MAX_INTERVAL = 30.0  # ... doubling up to this while the listings find nothing new
 
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 _NO_DOWNSTREAM = NoDownstream()
@@ -106,6 +108,8 @@ class UpstreamConnection:
         self._retry_at = 0.0
         self._refreshing = False
         self._refresh_again = False
+        self._refresh_interval = REFRESH_MIN_INTERVAL
+        self._next_refresh = 0.0  # anyio clock: no re-listing before this
         self._stopping = False
 
     # ------------------------------------------------------------ status
@@ -174,6 +178,7 @@ class UpstreamConnection:
                     if self._stopping:
                         return
                     self._store.put(catalog)
+                    self._next_refresh = anyio.current_time() + self._refresh_interval
                     self.handshake_seconds = time.monotonic() - started
                     run.session = session
                     self.state = State.READY
@@ -282,7 +287,7 @@ class UpstreamConnection:
         delay = min(BACKOFF_FIRST * 2 ** (self._failures - 1), BACKOFF_MAX)
         self._retry_at = time.monotonic() + delay
         self.state = State.BACKOFF
-        self.last_error = reason
+        self.last_error = redact_text(reason)
         self._store.drop(self.name)
         log.warning("upstream failed", upstream=self.name, reason=reason, retry_in=delay)
 
@@ -342,13 +347,21 @@ class UpstreamConnection:
             log.warning("upstream transport error", upstream=self.name, error=str(message)[:300])
 
     async def _refresh(self) -> None:
-        """Re-list after a list_changed; coalesces bursts into one extra listing."""
+        """Re-list after a list_changed: coalesced and rate-limited.
+
+        Notifications arriving while a listing is pending or running fold into one
+        more listing. Listings are at least `_refresh_interval` apart; the interval
+        doubles (up to REFRESH_MAX_INTERVAL) while listings find nothing new and
+        drops back when one does, so an upstream that answers every `tools/list`
+        with a `list_changed` costs one listing every half minute, not a core.
+        """
         if self._refreshing:
             self._refresh_again = True
             return
         self._refreshing = True
         try:
             while True:
+                await anyio.sleep_until(self._next_refresh)
                 self._refresh_again = False
                 run = self._run
                 session = run.session if run is not None else None
@@ -361,11 +374,21 @@ class UpstreamConnection:
                     log.warning("catalog refresh failed", upstream=self.name, error=str(exc)[:300])
                     return
                 if run.session is session and self._run is run:
-                    self._store.put(catalog)
+                    self._settle_refresh(catalog)
                 if not self._refresh_again:
                     return
         finally:
             self._refreshing = False
+
+    def _settle_refresh(self, catalog: Catalog) -> None:
+        """Publish a re-listed catalog if it changed, and set when the next listing may run."""
+        old = self.catalog
+        if old is None or _contents(old) != _contents(catalog):
+            self._store.put(catalog)
+            self._refresh_interval = REFRESH_MIN_INTERVAL
+        else:
+            self._refresh_interval = min(self._refresh_interval * 2, REFRESH_MAX_INTERVAL)
+        self._next_refresh = anyio.current_time() + self._refresh_interval
 
     # ------------------------------------------------------------ calls
 
@@ -436,15 +459,20 @@ class UpstreamConnection:
         return result
 
     def _call_fault(self, run: _Run | None, exc: MCPError) -> Fault:
+        """The fault for a failed call. A JSON-RPC error is the upstream's answer, and the
+        connection stays; only a transport that has ended means the upstream is lost."""
         handle = run.handle if run is not None else None
-        lost = exc.code == CONNECTION_CLOSED or (handle is not None and handle.closed.is_set())
+        lost = handle.closed.is_set() if handle is not None else exc.code == CONNECTION_CLOSED
         if not lost:
-            return Fault("upstream_error", f"upstream {self.name!r} answered with error {exc.code}: {exc.message}")
+            message = " ".join(str(exc.message).split())[:1000]
+            if TOO_LARGE.search(message):
+                return Fault("response_too_large", f"upstream {self.name!r}: {message}")
+            return Fault("upstream_error", f"upstream {self.name!r} answered with error {exc.code}: {message}")
         if run is not None:
             reason = _closed_reason(handle) if handle is not None else "connection closed"
             self._failed(run, self._exit_reason(f"{reason} during a call"))
         if handle is not None and handle.overflow:
-            return Fault("response_too_large", f"upstream {self.name!r} sent a message over {MAX_MESSAGE_BYTES} bytes")
+            return Fault("response_too_large", f"upstream {self.name!r} sent a message over {handle.limit} bytes")
         return Fault("upstream_error", f"upstream {self.name!r}: {self.last_error}")
 
     # ------------------------------------------------------------ stop
@@ -507,7 +535,7 @@ async def _list_all(session: ClientSession, method: str, key: str) -> list[Any]:
 
 def _closed_reason(handle: TransportHandle) -> str:
     if handle.overflow:
-        return f"sent a message over {MAX_MESSAGE_BYTES} bytes"
+        return f"sent a message over {handle.limit} bytes"
     return "exited" if handle.pid is not None else "connection lost"
 
 
@@ -517,6 +545,8 @@ def _describe_start_error(exc: BaseException, conn: UpstreamConnection) -> str:
     first = leaves[0] if leaves else exc
     if isinstance(first, TimeoutError):
         what = f"no handshake within {conn.config.timeouts.connect:g}s"
+    elif isinstance(first, FileNotFoundError | NotADirectoryError) and not _is_dir(conn.config.cwd):
+        what = f"working directory not found: {conn.config.cwd}"
     elif isinstance(first, FileNotFoundError):
         what = f"command not found: {conn.config.command}"
     elif isinstance(first, PermissionError):
@@ -526,6 +556,14 @@ def _describe_start_error(exc: BaseException, conn: UpstreamConnection) -> str:
     else:
         what = f"{type(first).__name__}: {first}".strip()
     return conn._exit_reason(what[:500])
+
+
+def _is_dir(path: str | None) -> bool:
+    return path is None or os.path.isdir(path)
+
+
+def _contents(catalog: Catalog) -> tuple[Any, ...]:
+    return (catalog.tools, catalog.prompts, catalog.resources, catalog.resource_templates)
 
 
 def _leaf_exceptions(exc: BaseException) -> Any:

@@ -30,7 +30,7 @@ from aggregator.catalog.store import CatalogStore
 from aggregator.config import AggregatorConfig, ToolFilter
 from aggregator.config.watch import watch_config
 from aggregator.faults import Fault
-from aggregator.log import get_logger
+from aggregator.log import get_logger, register_secrets
 from aggregator.upstream.connection import ProgressFn, State, UpstreamConnection
 from aggregator.upstream.session import Downstream, NoDownstream
 
@@ -59,12 +59,22 @@ class UpstreamStatus:
     instructions: str | None = None  # what the upstream said at its handshake (null until started)
 
 
+def secret_values(config: AggregatorConfig) -> list[str]:
+    """Every configured value that may be a secret: upstream env and header values."""
+    return [
+        value
+        for upstream in config.upstreams.values()
+        for value in (*upstream.env.values(), *upstream.headers.values())
+    ]
+
+
 class UpstreamPool:
     """Implements `aggregator.catalog.source.CatalogSource` over real connections."""
 
     def __init__(self, config: AggregatorConfig, task_group: anyio.abc.TaskGroup, data_dir: Path | None = None) -> None:
         """`data_dir`: where catalog snapshots live; None keeps no snapshots at all."""
         self.config = config
+        register_secrets(secret_values(config))
         self.snapshots = SnapshotDir(data_dir) if data_dir is not None else None
         self._fingerprints = {
             name: fingerprint(upstream)
@@ -299,6 +309,7 @@ class UpstreamPool:
             changed=sorted(n for n in set(old) & set(config.upstreams) if old[n] != config.upstreams[n]),
         )
         self.config = config
+        register_secrets(secret_values(config))
         for name in [*diff.removed, *diff.changed]:
             self._fingerprints.pop(name, None)
             self._retire(self._connections.pop(name))

@@ -10,14 +10,18 @@ when the child's stdout ends (the SDK tells nobody when an upstream dies).
 from __future__ import annotations
 
 import collections
+import errno
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import anyio
 import anyio.abc
@@ -26,12 +30,13 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.client.sse import sse_client
 from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.shared.message import SessionMessage
 
 from aggregator.config import UpstreamConfig
-from aggregator.log import get_logger
-from aggregator.wire import LineSplitter, MessageTooLarge, encode, parse_line
+from aggregator.log import get_logger, redact_text
+from aggregator.upstream.inbound import parse_upstream_line
+from aggregator.wire import LineSplitter, MessageTooLarge, encode
 
 log = get_logger(__name__)
 
@@ -39,6 +44,8 @@ STDERR_TAIL_LINES = 40
 EXIT_POLL_SECONDS = 0.25
 EXIT_GRACE_SECONDS = 1.0  # after stdin closes, before SIGTERM to the group
 TERM_GRACE_SECONDS = 1.0  # after SIGTERM, before SIGKILL
+# How the SDK (SSE events) and we (HTTP bodies) word a message over max_message_bytes.
+TOO_LARGE = re.compile(r"exceeded the \d+ byte limit")
 
 
 class StderrTail:
@@ -69,7 +76,7 @@ class StderrTail:
                 self._add(pending)
 
     def _add(self, raw: bytes) -> None:
-        line = raw.decode("utf-8", "replace").rstrip("\r")
+        line = redact_text(raw.decode("utf-8", "replace").rstrip("\r"))  # kept masked: tails reach clients
         with self._lock:
             self._lines.append(line)
         log.debug("upstream stderr", upstream=self.upstream, line=line[:500])
@@ -90,7 +97,8 @@ class TransportHandle:
     write: MemoryObjectSendStream[SessionMessage]
     closed: anyio.Event = field(default_factory=anyio.Event)  # set when the peer is gone
     pid: int | None = None
-    overflow: bool = False  # the peer sent a message over MAX_MESSAGE_BYTES
+    overflow: bool = False  # the peer sent a message over `limit`
+    limit: int = 0  # max_message_bytes of this upstream
 
 
 @asynccontextmanager
@@ -101,14 +109,16 @@ async def open_transport(config: UpstreamConfig, stderr: StderrTail) -> AsyncIte
             yield handle
         return
     closed = anyio.Event()
+    limit = config.max_message_bytes
+    overflow = _Overflow()
     assert config.url is not None
-    if config.transport == "http":
-        client = create_mcp_http_client(headers=dict(config.headers) or None, timeout=_http_timeout(config))
+    if config.transport == "http":  # SSE events: the SDK's own cap; JSON bodies: ours
+        client = capped_http_client(limit, headers=dict(config.headers) or None, timeout=_http_timeout(config))
         client.event_hooks = {"response": [_session_lost_hook(closed)]}
         async with (
             client,
-            streamable_http_client(config.url, http_client=client) as streams,
-            _relayed(streams, closed) as handle,  # type: ignore[arg-type]
+            streamable_http_client(config.url, http_client=client, max_sse_event_size=limit) as streams,
+            _relayed(streams, closed, limit, overflow) as handle,  # type: ignore[arg-type]
         ):
             yield handle
     else:
@@ -118,10 +128,87 @@ async def open_transport(config: UpstreamConfig, stderr: StderrTail) -> AsyncIte
                 headers=dict(config.headers) or None,
                 timeout=config.timeouts.connect,
                 sse_read_timeout=max(300.0, config.timeouts.call * 2),
+                httpx_client_factory=lambda headers=None, timeout=None, auth=None: capped_http_client(
+                    limit, headers=headers, timeout=timeout, auth=auth, overflow=overflow
+                ),
             ) as streams,
-            _relayed(streams, closed) as handle,
+            _relayed(streams, closed, limit, overflow) as handle,
         ):  # type: ignore[arg-type]
             yield handle
+
+
+@dataclass
+class _Overflow:
+    """Set by the HTTP byte cap when it ends an SSE stream: the connection was lost to a huge message."""
+
+    seen: bool = False
+
+
+class ResponseTooLarge(httpx2.StreamError):
+    """An HTTP body (or one SSE event) over max_message_bytes; the SDK answers the request with it."""
+
+
+class _CappedStream(httpx2.AsyncByteStream):
+    """Counts the bytes of one message as they arrive: the whole body, or each SSE event."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, overflow: _Overflow | None) -> None:
+        self._inner = inner
+        self._limit = limit
+        self._overflow = overflow  # None: a whole body is one message; else each SSE event is
+        self._per_event = overflow is not None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        size = 0
+        tail = b""  # the end of the previous chunk: a boundary may straddle two chunks
+        async for chunk in self._inner:
+            seen = tail + chunk
+            if self._per_event and (cut := max(seen.rfind(b"\n\n"), seen.rfind(b"\n\r\n"))) >= 0:
+                size = len(seen) - cut  # bytes after the last event boundary
+            else:
+                size += len(chunk)
+            tail = chunk[-3:]
+            if size > self._limit:
+                if self._overflow is not None:
+                    self._overflow.seen = True
+                raise ResponseTooLarge(f"a message exceeded the {self._limit} byte limit (max_message_bytes)")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _CappedTransport(httpx2.AsyncBaseTransport):
+    """Caps JSON bodies; SSE streams too when given an `_Overflow` (else the SDK caps their events)."""
+
+    def __init__(self, limit: int, overflow: _Overflow | None) -> None:
+        self._inner = httpx2.AsyncHTTPTransport()
+        self._limit = limit
+        self._overflow = overflow
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self._inner.handle_async_request(request)
+        assert isinstance(response.stream, httpx2.AsyncByteStream)
+        if not response.headers.get("content-type", "").lower().startswith("text/event-stream"):
+            response.stream = _CappedStream(response.stream, self._limit, None)
+        elif self._overflow is not None:
+            response.stream = _CappedStream(response.stream, self._limit, self._overflow)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def capped_http_client(
+    limit: int,
+    headers: dict[str, str] | None = None,
+    timeout: httpx2.Timeout | None = None,
+    auth: httpx2.Auth | None = None,
+    overflow: _Overflow | None = None,
+) -> httpx2.AsyncClient:
+    """The SDK's HTTP client, refusing any message over `limit` bytes as it streams in."""
+    if timeout is None:  # the SDK's defaults, as create_mcp_http_client has them
+        timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
+    return httpx2.AsyncClient(headers=headers, timeout=timeout, auth=auth, transport=_CappedTransport(limit, overflow))
 
 
 def _http_timeout(config: UpstreamConfig) -> httpx2.Timeout:
@@ -142,21 +229,24 @@ def _session_lost_hook(closed: anyio.Event) -> Callable[[httpx2.Response], Await
 async def _relayed(
     streams: tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]],
     closed: anyio.Event,
+    limit: int,
+    overflow: _Overflow,
 ) -> AsyncIterator[TransportHandle]:
     """Pass the SDK's read stream through, so the end of an HTTP/SSE connection is noticed."""
     read, write = streams
     to_session, session_read = anyio.create_memory_object_stream[SessionMessage | Exception](64)
-    handle = TransportHandle(session_read, write, closed=closed)
+    handle = TransportHandle(session_read, write, closed=closed, limit=limit)
 
     async def relay() -> None:
         try:
-            async with to_session:
-                async for item in read:
-                    await to_session.send(item)
+            async for item in read:
+                await to_session.send(item)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
         finally:
-            closed.set()
+            handle.overflow = overflow.seen
+            closed.set()  # before the session sees the end: its failed calls then count as a lost connection
+            await to_session.aclose()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(relay)
@@ -173,11 +263,13 @@ async def _relayed(
 @asynccontextmanager
 async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[TransportHandle]:
     assert config.command is not None
+    env = get_default_environment() | dict(config.env)
+    argv = guarded([_resolve_command(config.command, env, config.cwd), *config.args])
     err_read, err_write = os.pipe()
     try:
         process = await anyio.open_process(
-            [config.command, *config.args],
-            env=get_default_environment() | dict(config.env),
+            argv,
+            env=env,
             cwd=config.cwd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -192,7 +284,7 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
     stderr.feed(err_read)
     to_session, read = anyio.create_memory_object_stream[SessionMessage | Exception](64)
     write, from_session = anyio.create_memory_object_stream[SessionMessage](64)
-    handle = TransportHandle(read, write, pid=process.pid)
+    handle = TransportHandle(read, write, pid=process.pid, limit=config.max_message_bytes)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_read_stdout, process, to_session, handle)
@@ -209,18 +301,49 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
                 await stream.aclose()
 
 
+GUARD = Path(__file__).with_name("guard.py")
+
+
+def guarded(argv: list[str]) -> list[str]:
+    """On Linux, `argv` run under the guard (see guard.py), so no process of it outlives us."""
+    if sys.platform != "linux":
+        return argv
+    return [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), *argv]
+
+
+def _resolve_command(command: str, env: Mapping[str, str], cwd: str | None) -> str:
+    """The executable as the child would find it; raises what spawning it directly would raise.
+
+    Under the guard a missing command would only show as exit code 127, so it is
+    looked up here first (PATH of the child's environment, paths relative to cwd).
+    """
+    if cwd is not None and not os.path.isdir(cwd):
+        raise NotADirectoryError(errno.ENOTDIR, "working directory not found", cwd)
+    if os.sep in command:
+        path = os.path.join(cwd or ".", command)
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, "command not found", command)
+        if os.path.isdir(path) or not os.access(path, os.X_OK):
+            raise PermissionError(errno.EACCES, "command not executable", command)
+        return command
+    found = shutil.which(command, path=env.get("PATH", os.defpath))
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, "command not found", command)
+    return command
+
+
 async def _read_stdout(
     process: anyio.abc.Process,
     to_session: MemoryObjectSendStream[SessionMessage | Exception],
     handle: TransportHandle,
 ) -> None:
     assert process.stdout is not None
-    splitter = LineSplitter()
+    splitter = LineSplitter(handle.limit)
     try:
         async for chunk in process.stdout:
             for line in splitter.feed(chunk):
                 if line.strip():
-                    await to_session.send(parse_line(line, "upstream"))
+                    await to_session.send(parse_upstream_line(line))
     except MessageTooLarge as exc:
         handle.overflow = True
         log.warning("upstream message too large; dropping the connection", error=str(exc))
