@@ -77,23 +77,23 @@ class RankingParams:
     """Weights of the ranking. The defaults are the shipped values, chosen on all five dev sets together
     (`benchmarks/tune_search.py`)."""
 
-    name: float = 3.0
+    name: float = 4.0
     title: float = 2.0
     description: float = 1.0
     params: float = 0.75
     annotations: float = 0.3
-    server_name: float = 1.0
-    server_description: float = 0.5
-    name_b: float = 0.5
-    description_b: float = 0.75
+    server_name: float = 2.0
+    server_description: float = 0.25
+    name_b: float = 0.25
+    description_b: float = 0.5
     params_b: float = 0.75
     server_b: float = 0.75
     k1: float = 1.2
     stem_match: float = 0.9  # equal stems, different surface forms
     prefix: float = 0.5
-    substring: float = 0.25
-    stop_word: float = 0.1  # query weight of a stop word (a query of stop words only counts them in full)
-    expansion: float = 0.4  # query weight of a term the lexicon adds
+    substring: float = 0.1
+    stop_word: float = 0.2  # query weight of a stop word (a query of stop words only counts them in full)
+    expansion: float = 0.2  # query weight of a term the lexicon adds
     expansion_absent: float = 0.7  # ... for a query word the catalog does not hold at all
     min_partial: int = 3  # shortest non-CJK query token that may prefix/substring-match
 
@@ -342,8 +342,9 @@ class ToolSearchIndex:
         self._remove_tools(server)
         self._remove_card(server)
         self._catalogs[server] = catalog
+        shared = self._server_fields(server)
         self._tool_ids[server] = [
-            self._add_doc(_Doc(server, entry.name, entry, bm25f_terms(self.fields(entry), self._p)))
+            self._add_doc(_Doc(server, entry.name, entry, bm25f_terms(self.fields(entry, shared), self._p)))
             for entry in catalog.exposed_tools
         ]
 
@@ -384,15 +385,15 @@ class ToolSearchIndex:
             "server_description": [*tokenize(description), *_tokens_of(capabilities)],
         }
 
-    def fields(self, entry: ToolEntry) -> dict[str, list[str]]:
-        """The tokens of each field of a tool, as indexed."""
+    def fields(self, entry: ToolEntry, server_fields: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
+        """The tokens of each field of a tool, as indexed (`server_fields`: its server's, if known)."""
         return {
             "name": tokenize(entry.name),
             "title": tokenize(entry.title),
             "description": tokenize(entry.description),
             "params": _tokens_of(param_texts(entry.input_schema)),
             "annotations": annotation_tokens(entry.annotations),
-            **self._server_fields(entry.server),
+            **(server_fields or self._server_fields(entry.server)),
         }
 
     def _card_fields(self, server: str) -> dict[str, list[str]]:
