@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--load", action="store_true", help="start upstreams whose catalogs are not loaded")
     search.add_argument("--limit", type=int, default=8)
     search.add_argument("--json", action="store_true", help="print the tool's JSON result")
+    search.add_argument("--explain", action="store_true", help="show how each result's score is made")
 
     refresh = sub.add_parser(
         "refresh", parents=[common], help="start upstreams, rewrite their catalog snapshots, stop them"
@@ -293,7 +294,7 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 async def _search(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
     from aggregator.catalog.search import ToolSearchIndex
-    from aggregator.tools.catalog_search import format_results_table, search_tools
+    from aggregator.tools.catalog_search import format_explanation, format_results_table, search_tools
     from aggregator.upstream.pool import UpstreamPool
 
     async with UpstreamPool.running(config, _data_dir(args, settings)) as pool:
@@ -308,13 +309,16 @@ async def _search(args: argparse.Namespace, config: AggregatorConfig, settings: 
                 {"query": args.query, "limit": args.limit, "load": args.load},
                 config.max_result_bytes,
             )
-    payload = result.structured_content or {}
+        payload = result.structured_content or {}
+        explanation = format_explanation(index, args.query, payload) if args.explain else ""
     if args.json:
         print(json.dumps(payload, indent=2, ensure_ascii=False))
     elif result.is_error:
         print(payload.get("error", {}).get("message", "search failed"), file=sys.stderr)
     else:
         print(format_results_table(payload))
+        if explanation:
+            print(explanation)
     return EXIT_USAGE if result.is_error else 0
 
 

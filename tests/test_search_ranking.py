@@ -10,11 +10,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aggregator.catalog.lexicon import lexicon, query_terms
 from aggregator.catalog.model import Catalog, ToolEntry, clean_tool, sorted_unique
 from aggregator.catalog.search import ToolSearchIndex, annotation_tokens
 from aggregator.catalog.store import CatalogStore
 from aggregator.catalog.tokens import is_cjk, stem, tokenize
 from tests.conftest import CATALOG_FILES, SHARED_DATA, real_catalog
+
+if not (SHARED_DATA / "catalogs").is_dir() or not (SHARED_DATA / "toolsearch").is_dir():
+    pytest.skip(f"needs the real catalogs and datasets in {SHARED_DATA}", allow_module_level=True)
 
 METADATA = {
     "git": ("Git repository operations", ["git", "commits", "diff", "branches"]),
@@ -72,12 +76,29 @@ def test_tokenize(text: str, tokens: list[str]) -> None:
 
 
 def test_stem_folds_plurals_and_verb_endings_on_both_sides() -> None:
-    for a, b in [("converts", "convert"), ("converting", "converted"), ("files", "file"), ("queries", "query")]:
+    pairs = [("converts", "convert"), ("converting", "converted"), ("files", "file"), ("queries", "query")]
+    for a, b in [*pairs, ("pictures", "picture"), ("running", "run"), ("observations", "observation")]:
         assert stem(a) == stem(b)
     assert stem("status") == "status"
     assert stem("git") == "git"  # short tokens stay
     assert stem("résumés") == "résumés"  # non-ASCII stays
     assert is_cjk("搜索") and not is_cjk("search")
+
+
+def test_stop_words_weigh_less_and_lexicon_words_are_not_stop_words() -> None:
+    terms = {t.token: t for t in query_terms(tokenize("show me the picture"), 0.1, 0.3)}
+    assert terms["show"].weight == terms["picture"].weight == 1.0  # tool vocabulary, though on the stop list
+    assert terms["the"].weight == terms["me"].weight == 0.1
+    assert terms["image"].weight == 0.3 and terms["image"].origin == "lexicon: picture"
+    only_stop = query_terms(tokenize("about"), 0.1, 0.3)
+    assert [(t.token, t.weight) for t in only_stop] == [("about", 1.0)]  # nothing else to search for
+    assert "the" in lexicon().stop_words and "open" not in lexicon().stop_words
+
+
+def test_lexicon_expansion_never_outweighs_the_literal_word() -> None:
+    terms = {t.token: t for t in query_terms(tokenize("ls image list"), 0.1, 0.3)}
+    assert terms["list"].weight == 1.0  # the query's own word, though "ls" also adds it
+    assert terms["image"].weight == 1.0 and terms["photo"].weight == 0.3
 
 
 def test_annotation_hints_are_single_tokens() -> None:
@@ -132,6 +153,59 @@ def test_natural_language_query_on_real_catalogs() -> None:
     assert ranked(index, "commit")[0] == ("git", "git_commit")
     assert ranked(index, "write a file")[0] == ("filesystem", "write_file")
     assert ranked(index, "fetch a web page")[0] == ("fetch", "fetch")
+
+
+# Everyday requests over a typical config (the real servers, no operator descriptions):
+# the right tool, or one of the right tools, must be in the top 3.
+EVERYDAY = [
+    ("show me a picture", {"everything/get-tiny-image", "filesystem/read_media_file"}),
+    ("store a fact about a person", {"memory/add_observations", "memory/create_entities"}),
+    ("add two numbers", {"everything/get-sum"}),
+    ("what time is it in Tokyo", {"time/get_current_time"}),
+    ("convert 3pm London time to New York", {"time/convert_time"}),
+    ("list the files in a folder", {"filesystem/list_directory", "filesystem/list_directory_with_sizes"}),
+    ("ls", {"filesystem/list_directory", "filesystem/list_directory_with_sizes"}),
+    ("mkdir", {"filesystem/create_directory"}),
+    ("make a new folder", {"filesystem/create_directory"}),
+    ("rename a file", {"filesystem/move_file"}),
+    ("remove a relation between two entities", {"memory/delete_relations"}),
+    ("remember that Alice works at Acme", {"memory/create_entities", "memory/add_observations"}),
+    ("download a web page", {"fetch/fetch"}),
+    ("open this url", {"fetch/fetch"}),
+    ("what did I change in my repo", {"git/git_status", "git/git_diff_unstaged", "git/git_diff_staged"}),
+    ("commit my changes", {"git/git_commit"}),
+    ("switch to another branch", {"git/git_checkout"}),
+    ("show the commit history", {"git/git_log"}),
+    ("stage a file for commit", {"git/git_add"}),
+    ("run a sql query", {"sqlite/read_query", "sqlite/write_query"}),
+    ("insert a row into a table", {"sqlite/write_query"}),
+    ("which tables are in the database", {"sqlite/list_tables"}),
+    ("think step by step about a hard problem", {"sequential-thinking/sequentialthinking"}),
+    ("compress a file", {"everything/gzip-file-as-resource"}),
+    ("edit a line in a text file", {"filesystem/edit_file"}),
+    ("find files matching a pattern", {"filesystem/search_files"}),
+    ("print the environment variables", {"everything/get-env"}),
+    ("echo what I say", {"everything/echo"}),
+    ("look up a node in the knowledge graph", {"memory/search_nodes", "memory/open_nodes"}),
+    ("read a text file", {"filesystem/read_text_file", "filesystem/read_file"}),
+]
+
+
+@pytest.mark.parametrize(("query", "expected"), EVERYDAY, ids=[q for q, _ in EVERYDAY])
+def test_everyday_requests_find_the_right_tool_in_the_top_3(query: str, expected: set[str]) -> None:
+    index, _ = build(REAL.values())
+    top = [f"{server}/{tool}" for server, tool in ranked(index, query, 3)]
+    assert expected & set(top), top
+
+
+def test_explain_adds_up_to_the_score() -> None:
+    index, _ = build(REAL.values())
+    hit = index.search("show me a picture", 1)[0]
+    matches = index.explain("show me a picture", hit.server, hit.tool)
+    assert sum(m.contribution for m in matches) == pytest.approx(hit.score)
+    image = next(m for m in matches if m.query_term == "image")
+    assert image.origin == "lexicon: picture" and image.tier == "exact" and "description" in image.fields
+    assert index.explain("show me a picture", "nope", "nothing") == []
 
 
 def test_ties_break_on_server_then_tool() -> None:
@@ -280,8 +354,15 @@ def test_order_depends_on_catalog_content_only(order: list[str], meta_order: lis
 def _searchable_tokens(entry: ToolEntry) -> set[str]:
     """Every token of the fields DESIGN §2.2 lists, computed apart from the index."""
     description, caps = METADATA.get(entry.server, ("", []))
+    props = entry.input_schema.get("properties") or {}
+    params = [str(p.get("description", "")) for p in props.values() if isinstance(p, dict)]
     texts = [entry.server, description, *caps, entry.name, entry.title or "", entry.description, *entry.arg_keys]
+    texts += params
     return {t for text in texts for t in tokenize(text)} | set(annotation_tokens(entry.annotations))
+
+
+def _query_tokens(query: str) -> list[str]:
+    return [t.token for t in BASELINE.query_terms(query)]
 
 
 def _matches(query_token: str, token: str) -> bool:
@@ -296,7 +377,7 @@ def test_every_result_matches_a_query_token(query: str) -> None:
     hits = BASELINE.search(query, 50)
     for hit in hits:
         tokens = _searchable_tokens(hit.entry)
-        assert any(_matches(q, t) for q in tokenize(query) for t in tokens), (query, hit.tool)
+        assert any(_matches(q, t) for q in _query_tokens(query) for t in tokens), (query, hit.tool)
     assert all(h.score > 0 for h in hits)
 
 

@@ -5,25 +5,32 @@ per upstream whose catalog is not loaded (its name and operator metadata). A
 card lets `load: false` searches point at servers not started yet, and keeps
 tool and server scores on one scale.
 
-Score of a document = Σ over the distinct query tokens (in sorted order, so the
-float sum is the same however the catalogs were loaded) of the best match of
-that token over the document's fields, where a match is worth
+The ranking is BM25F. A tool has fields: its name, title, description,
+parameters (property names and their descriptions), annotations, and its
+server's name and operator metadata. A vocabulary term's weight in a document is
 
-    idf(tier) × tier weight × field weight
+    tf' = Σ_field  field weight × tf(term, field) / (1 − b_f + b_f × len(field) / pivot_f)
+    w   = tf' × (k1 + 1) / (tf' + k1)
 
-- tier: exact (equal token, or equal stem at a slightly lower weight) >
-  prefix > substring. Prefix and substring need a query token of at least 3
-  characters (one for Han/kana). Each tier has its own idf, from the number of
-  documents matching the token at that tier or better, so a token's weight
-  reflects how rare it is in the catalog: words like "the", "a", "file" cannot
-  outvote a rare exact match. As idf and tier weight both fall from exact to
-  substring, exact > prefix > substring holds within every field.
-- field: tool and server names and the title are boosted over the description,
-  operator metadata, input-schema property names and annotations. A tool-name
-  match counts less in a long name (one word of `give_feedback_to_desktop_commander`
-  says less than one of `whois_domain`). The description weight saturates with
-  the term's frequency and falls with the description's length (BM25's tf part,
-  against a fixed pivot, so a document's weights depend on its own content only).
+(per-field length normalisation, then one saturation over the fields summed).
+The pivots are fixed field lengths (about the mean over the dev sets' ~9,000
+tools), not the catalog's running average: a document's weights then depend
+on its own content only, so loading one upstream never rewrites the postings
+of the others.
+
+Score of a document = Σ over the query's terms (in sorted order, so the float
+sum is the same however the catalogs were loaded) of
+
+    query weight × idf(tier) × tier factor × w(best matching vocabulary term)
+
+- query weight: 1 for a word of the query, less for a stop word and for a word
+  the tool lexicon adds (`lexicon.py`).
+- tier: the quality of the match of the query term with a vocabulary term:
+  exact (equal token) > stem (equal Snowball stem) > prefix > substring. Prefix
+  and substring need a query token of at least 3 characters (one for Han/kana).
+  Each tier has its own idf, from the number of documents matching the token at
+  that tier or better; as idf and tier factor both fall from exact to
+  substring, an exact match outweighs a partial one for the same field and tf.
 
 Ties break on (server, tool). No randomness, no model: the same catalog content
 and query always give the same floats and the same order.
@@ -48,6 +55,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import Any
 
+from aggregator.catalog.lexicon import QueryTerm, query_terms
 from aggregator.catalog.model import Catalog, ToolEntry
 from aggregator.catalog.store import CatalogStore
 from aggregator.catalog.tokens import is_cjk, stem, tokenize
@@ -61,27 +69,59 @@ _TOKEN_CACHE = 4096  # query tokens whose expansion is kept
 _STATS_BUDGET = 400_000  # entries of per-token match tables kept between queries (~30 MB)
 
 
+FIELDS = ("name", "title", "description", "params", "annotations", "server_name", "server_description")
+
+
 @dataclass(frozen=True, slots=True)
 class RankingParams:
-    """Weights of the ranking. The defaults are the tuned, shipped values."""
+    """Weights of the ranking. The defaults are the shipped values, chosen on all five dev sets together
+    (`benchmarks/tune_search.py`)."""
 
-    tool_name: float = 3.0
-    server_name: float = 2.0
+    name: float = 4.0
     title: float = 2.0
     description: float = 1.0
-    arg_keys: float = 0.8
-    annotations: float = 0.5
-    server_description: float = 0.6
-    capabilities: float = 1.0
-    stem_match: float = 0.9  # equal stems, different surface forms (still the exact tier)
-    prefix: float = 0.6
-    substring: float = 0.3
-    k1: float = 1.2  # description term-frequency saturation
-    b: float = 0.75  # description length normalisation
-    pivot: float = 24.0  # description length (tokens) at which the length factor is 1
-    name_b: float = 0.75  # tool-name length normalisation (0: none)
-    name_pivot: float = 3.0  # tool-name length (distinct tokens) at which the name factor is 1
+    params: float = 0.75
+    annotations: float = 0.3
+    server_name: float = 2.0
+    server_description: float = 0.25
+    name_b: float = 0.25
+    description_b: float = 0.5
+    params_b: float = 0.75
+    server_b: float = 0.75
+    k1: float = 1.2
+    stem_match: float = 0.9  # equal stems, different surface forms
+    prefix: float = 0.5
+    substring: float = 0.1
+    stop_word: float = 0.2  # query weight of a stop word (a query of stop words only counts them in full)
+    expansion: float = 0.2  # query weight of a term the lexicon adds
+    expansion_absent: float = 0.7  # ... for a query word the catalog does not hold at all
     min_partial: int = 3  # shortest non-CJK query token that may prefix/substring-match
+
+    def field_weight(self, field: str) -> float:
+        return float(getattr(self, field))
+
+    def field_b(self, field: str) -> float:
+        if field in ("name", "title"):
+            return self.name_b
+        if field in ("server_name", "server_description"):
+            return self.server_b
+        if field == "annotations":
+            return 0.0
+        return self.description_b if field == "description" else self.params_b
+
+
+# Field lengths (tokens) at which length normalisation is neutral: about the mean
+# over the tools of the five dev sets in ../shared/data/toolsearch.
+PIVOTS = {
+    "name": 2.5,
+    "title": 2.5,
+    "description": 24.0,
+    "params": 16.0,
+    "annotations": 1.0,
+    "server_name": 2.5,
+    "server_description": 20.0,
+}
+TIER_NAMES = ("exact", "stem", "prefix", "substring")
 
 
 DEFAULT_PARAMS = RankingParams()
@@ -95,6 +135,18 @@ class Hit:
     tool: str
     score: float
     entry: ToolEntry
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """One query term's part of a tool's score (`ToolSearchIndex.explain`)."""
+
+    query_term: str
+    origin: str  # "query", "stop word" or "lexicon: <query word>"
+    term: str  # the vocabulary term it matched
+    tier: str  # exact, stem, prefix or substring
+    fields: tuple[str, ...]  # the tool's fields holding that term
+    contribution: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,16 +255,31 @@ def _tokens_of(texts: Iterable[str]) -> list[str]:
     return [token for text in texts for token in tokenize(text)]
 
 
-def _merge_fields(
-    fields: Iterable[tuple[list[str], float]], into: Mapping[str, float] | None = None
-) -> dict[str, float]:
-    """Term → its best field weight."""
-    terms = dict(into or {})
-    for tokens, weight in fields:
-        for token in tokens:
-            if weight > terms.get(token, 0.0):
-                terms[token] = weight
-    return terms
+def param_texts(schema: Mapping[str, Any]) -> list[str]:
+    """The input schema's top-level property names and their descriptions, in name order."""
+    props = schema.get("properties")
+    if not isinstance(props, dict):
+        return []
+    texts: list[str] = []
+    for name in sorted(props):
+        texts.append(str(name))
+        spec = props[name]
+        if isinstance(spec, dict) and isinstance(spec.get("description"), str):
+            texts.append(spec["description"])
+    return texts
+
+
+def bm25f_terms(fields: Mapping[str, list[str]], p: RankingParams) -> dict[str, float]:
+    """Term → its BM25F weight in a document made of `fields` (field → tokens)."""
+    pseudo: dict[str, float] = {}
+    for field, tokens in fields.items():
+        if not tokens:
+            continue
+        b = p.field_b(field)
+        scale = p.field_weight(field) / (1 - b + b * len(tokens) / PIVOTS[field])
+        for term, tf in Counter(tokens).items():
+            pseudo[term] = pseudo.get(term, 0.0) + scale * tf
+    return {term: tf * (p.k1 + 1) / (tf + p.k1) for term, tf in pseudo.items() if tf > 0}
 
 
 def _raise_to(best: dict[int, float], table: Mapping[int, float], scale: float) -> None:
@@ -275,9 +342,9 @@ class ToolSearchIndex:
         self._remove_tools(server)
         self._remove_card(server)
         self._catalogs[server] = catalog
-        server_terms = self._server_terms(server)
+        shared = self._server_fields(server)
         self._tool_ids[server] = [
-            self._add_doc(_Doc(server, entry.name, entry, self._tool_terms(entry, server_terms)))
+            self._add_doc(_Doc(server, entry.name, entry, bm25f_terms(self.fields(entry, shared), self._p)))
             for entry in catalog.exposed_tools
         ]
 
@@ -311,47 +378,34 @@ class ToolSearchIndex:
 
     # ------------------------------------------------------------ documents
 
-    def _server_terms(self, server: str, *, card: bool = False) -> dict[str, float]:
-        """Terms of an upstream's name and metadata, as part of its tools or (`card`) on their own.
-
-        In a tool the operator's description is context shared by all the
-        server's tools and weighs less than the tool's own; on a card it is the
-        main text and weighs as a description.
-        """
+    def _server_fields(self, server: str) -> dict[str, list[str]]:
         description, capabilities = self._meta.get(server, ("", ()))
-        p = self._p
-        return _merge_fields(
-            [
-                (tokenize(server), p.server_name),
-                (tokenize(description), p.description if card else p.server_description),
-                (_tokens_of(capabilities), p.capabilities),
-            ]
-        )
+        return {
+            "server_name": tokenize(server),
+            "server_description": [*tokenize(description), *_tokens_of(capabilities)],
+        }
 
-    def _tool_terms(self, entry: ToolEntry, server_terms: Mapping[str, float]) -> dict[str, float]:
-        p = self._p
-        name = tokenize(entry.name)
-        name_factor = 1.0 / (1 - p.name_b + p.name_b * len(set(name)) / p.name_pivot)
-        terms = _merge_fields(
-            [
-                (name, p.tool_name * name_factor),
-                (tokenize(entry.title), p.title),
-                (_tokens_of(entry.arg_keys), p.arg_keys),
-                (annotation_tokens(entry.annotations), p.annotations),
-            ],
-            into=server_terms,
-        )
-        description = tokenize(entry.description)
-        length_factor = 1 - p.b + p.b * len(description) / p.pivot
-        for term, tf in Counter(description).items():
-            weight = p.description * tf * (p.k1 + 1) / (tf + p.k1 * length_factor)
-            if weight > terms.get(term, 0.0):
-                terms[term] = weight
-        return terms
+    def fields(self, entry: ToolEntry, server_fields: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
+        """The tokens of each field of a tool, as indexed (`server_fields`: its server's, if known)."""
+        return {
+            "name": tokenize(entry.name),
+            "title": tokenize(entry.title),
+            "description": tokenize(entry.description),
+            "params": _tokens_of(param_texts(entry.input_schema)),
+            "annotations": annotation_tokens(entry.annotations),
+            **(server_fields or self._server_fields(entry.server)),
+        }
+
+    def _card_fields(self, server: str) -> dict[str, list[str]]:
+        """A card's fields: on its own, the server's name and description weigh as a tool's."""
+        fields = self._server_fields(server)
+        return {"name": fields["server_name"], "description": fields["server_description"]}
 
     def _set_card(self, server: str) -> None:
         self._remove_card(server)
-        self._card_ids[server] = self._add_doc(_Doc(server, None, None, self._server_terms(server, card=True)))
+        self._card_ids[server] = self._add_doc(
+            _Doc(server, None, None, bm25f_terms(self._card_fields(server), self._p))
+        )
 
     def _remove_card(self, server: str) -> None:
         doc_id = self._card_ids.pop(server, None)
@@ -469,17 +523,27 @@ class ToolSearchIndex:
                 counts[level] += len(matched)
         return counts
 
-    def _compute_stats(self, token: str) -> _TokenStats:
+    def _scaled_terms(self, token: str) -> list[tuple[str, str, float]]:
+        """(vocabulary term, tier name, idf × tier factor) of every term `token` matches."""
         tiers = self._expand(token)
         doc_freqs = self._doc_freqs(tiers)
         if not doc_freqs[2]:
-            return _NO_MATCH
+            return []
         p = self._p
-        scaled: list[tuple[str, float]] = []  # (term, scale) of every term the token matches
-        for tier, df, factor in zip(tiers, doc_freqs, (1.0, p.prefix, p.substring), strict=True):
+        scaled: list[tuple[str, str, float]] = []
+        for level, (tier, df, factor) in enumerate(zip(tiers, doc_freqs, (1.0, p.prefix, p.substring), strict=True)):
             if tier:
                 idf = self._idf(df) * factor
-                scaled.extend((term, idf * term_factor) for term, term_factor in tier)
+                for term, term_factor in tier:
+                    name = TIER_NAMES[level + 1] if level else TIER_NAMES[0 if term == token else 1]
+                    scaled.append((term, name, idf * term_factor))
+        return scaled
+
+    def _compute_stats(self, token: str) -> _TokenStats:
+        scaled_terms = self._scaled_terms(token)
+        if not scaled_terms:
+            return _NO_MATCH
+        scaled = [(term, scale) for term, _, scale in scaled_terms]
         # The longest postings list is read in place (its levels cached per term);
         # the others are merged into one table, so a document is probed at most twice.
         longest = max(scaled, key=lambda item: (len(self._tool_postings.get(item[0], ())), item[0]))[0]
@@ -495,7 +559,7 @@ class ToolSearchIndex:
             _raise_to(cards, self._card_postings.get(term, {}), scale)
         if merged:
             sources.append(_Source(merged, 1.0, _levels(merged), owned=True))
-        return _TokenStats(tuple(sources), cards, self._idf(doc_freqs[2]))
+        return _TokenStats(tuple(sources), cards, 1.0)
 
     def _term_levels(self, term: str, table: Postings) -> tuple[_Level, ...]:
         levels = self._levels.get(term)
@@ -505,10 +569,48 @@ class ToolSearchIndex:
 
     # ------------------------------------------------------------ ranking
 
+    def query_terms(self, query: str) -> list[QueryTerm]:
+        """The weighted terms `query` searches for (its words, stop words, lexicon additions), sorted."""
+        p = self._p
+        present = self._present
+        return query_terms(tokenize(query), p.stop_word, p.expansion, p.expansion_absent, present)
+
+    def _present(self, token: str) -> bool:
+        return self._token_stats(token).weight > 0
+
     def _query_stats(self, query: str) -> list[_TokenStats]:
-        """Stats of the distinct query tokens that match anything, in sorted token order."""
-        stats = (self._token_stats(token) for token in sorted(set(tokenize(query))))
-        return [s for s in stats if s.weight > 0]
+        """Stats of the query's terms that match anything, in sorted term order, scaled by term weight."""
+        out = []
+        for term in self.query_terms(query):
+            stats = self._token_stats(term.token)
+            if stats.weight <= 0:
+                continue
+            if term.weight != 1.0:
+                w = term.weight
+                sources = tuple(_Source(s.table, s.scale * w, s.levels, s.owned) for s in stats.sources)
+                stats = _TokenStats(sources, {d: v * w for d, v in stats.cards.items()}, stats.weight)
+            out.append(stats)
+        return out
+
+    def explain(self, query: str, server: str, tool: str) -> list[Match]:
+        """How the tool's score for `query` is made: per query term, the vocabulary term that
+        counted, its tier, the fields holding it, and what it added (the sum is the score)."""
+        doc = next((self._docs[d] for d in self._tool_ids.get(server, []) if self._docs[d].tool == tool), None)
+        if doc is None or doc.entry is None:
+            return []
+        fields = self.fields(doc.entry)
+        matches = []
+        for qterm in self.query_terms(query):
+            best: tuple[float, str, str] | None = None
+            for term, tier, scale in self._scaled_terms(qterm.token):
+                weight = doc.terms.get(term)
+                if weight is not None and (best is None or qterm.weight * scale * weight > best[0]):
+                    best = (qterm.weight * scale * weight, term, tier)
+            if best is not None:
+                value, term, tier = best
+                holding = tuple(f for f in FIELDS if term in fields.get(f, ()))
+                matches.append(Match(qterm.token, qterm.origin, term, tier, holding, value))
+        return matches
 
     def search(self, query: str, limit: int) -> list[Hit]:
         """The best `limit` exposed tools of loaded catalogs, by score, ties on (server, tool)."""

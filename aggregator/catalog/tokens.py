@@ -7,8 +7,8 @@ encode; `URLs` → urls). Han and kana runs have no word boundaries, so they
 become overlapping character bigrams (`搜索结果` → 搜索, 索结, 结果): Chinese and
 Japanese descriptions are searchable at all, and a query written in them matches.
 
-`stem` folds English plural, `-ing`, `-ed` and final `-e` endings so that
-"converts", "converting" and "convert" meet. The search treats equal stems as an
+`stem` is the Snowball English stemmer (PyStemmer), so that "converts",
+"converting" and "convert" meet. The search treats equal stems as an
 exact match only; prefix and substring matching use the surface forms, so
 stemming never widens the weaker tiers.
 """
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+
+import Stemmer
 
 _ALNUM_RUN = re.compile(r"[^\W_]+")
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
@@ -62,35 +64,12 @@ def tokenize(text: str | None) -> list[str]:
     return tokens
 
 
-_PLURAL_KEEP = ("us", "ss", "is")
-
-
-def _strip_plural(word: str) -> str:
-    if word.endswith("ies") and not word.endswith(("eies", "aies")) and len(word) > 4:
-        return word[:-3] + "y"
-    if word.endswith("es") and not word.endswith(("aes", "ees", "oes")):
-        return word[:-1]
-    if word.endswith("s") and not word.endswith(_PLURAL_KEEP):
-        return word[:-1]
-    return word
-
-
-def _strip_verb(word: str) -> str:
-    for suffix in ("ing", "ed"):
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3 and not word.endswith("eed"):
-            word = word[: -len(suffix)]
-            if word[-1] == word[-2] and word[-1] not in "lsz":
-                word = word[:-1]  # running → run, stopped → stop; called, passed stay
-            return word
-    return word
+_STEMMER = Stemmer.Stemmer("english")
 
 
 @lru_cache(maxsize=65536)
 def stem(token: str) -> str:
-    """A light, deterministic English stem; other tokens come back unchanged."""
+    """The Snowball (Porter 2) English stem of an ASCII word; other tokens come back unchanged."""
     if len(token) <= 3 or not token.isascii() or not token.isalpha():
         return token
-    word = _strip_verb(_strip_plural(token))
-    if word.endswith("e") and len(word) > 3:
-        word = word[:-1]  # create/created/creating → creat
-    return word
+    return str(_STEMMER.stemWord(token))

@@ -236,6 +236,25 @@ def format_results_table(payload: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_explanation(index: ToolSearchIndex, query: str, payload: Mapping[str, Any]) -> str:
+    """Per tool result, which query term matched which field at which tier, and what it added."""
+    terms = ", ".join(
+        f"{t.token}×{t.weight:g}" + ("" if t.origin == "query" else f" ({t.origin})") for t in index.query_terms(query)
+    )
+    lines = [f"query terms: {terms}"]
+    for rank, item in enumerate(payload.get("results") or [], 1):
+        if item.get("tool") is None:
+            continue
+        lines.append(f"#{rank} {item['server']}/{item['tool']}  score {item.get('score')}")
+        for m in index.explain(query, item["server"], item["tool"]):
+            origin = "" if m.origin == "query" else f"  [{m.origin}]"
+            lines.append(
+                f"    {m.query_term:<14} → {m.term:<16} {m.tier:<9} in {','.join(m.fields) or '-':<28} "
+                f"+{m.contribution:.4f}{origin}"
+            )
+    return "\n".join(lines)
+
+
 def _row(rank: int, item: Mapping[str, Any]) -> tuple[str, str, str, str, str]:
     score = item.get("score")
     score_text = f"{score:.4f}" if isinstance(score, int | float) else ""

@@ -1,0 +1,102 @@
+"""Query vocabulary of the tool search: stop words and the tool lexicon (DESIGN §2.2).
+
+A query's tokens each get a weight: 1 for a word of the query, less for a
+function word ("the", "of", "with": the `stop-words` package's English list), and
+less again for a word the lexicon adds (`data/lexicon.json`: "picture" also
+searches "image" and "photo", "ls" also "list directory"). A word the lexicon
+knows is tool vocabulary and never a stop word, whatever the stop list says
+("show", "open", "copy", "move" are on it).
+
+Lexicon words are matched by Snowball stem, so "pictures" expands like
+"picture". The lexicon file is read once, on first use.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from stop_words import get_stop_words
+
+from aggregator.catalog.tokens import stem, tokenize
+
+LITERAL = "query"
+STOP = "stop word"
+
+
+@dataclass(frozen=True, slots=True)
+class QueryTerm:
+    """One distinct token the query searches, its weight, and where it came from."""
+
+    token: str
+    weight: float
+    origin: str  # LITERAL, STOP, or "lexicon: <query word>"
+
+
+@dataclass(frozen=True, slots=True)
+class Lexicon:
+    expansions: dict[str, tuple[str, ...]]  # stem of a query word → tokens it adds, sorted
+    stop_words: frozenset[str]
+
+
+@cache
+def lexicon() -> Lexicon:
+    """The shipped lexicon and stop list, loaded once."""
+    raw = json.loads(resources.files("aggregator.catalog").joinpath("data/lexicon.json").read_text("utf-8"))
+    adds: dict[str, set[str]] = {}
+    for group in raw["synonyms"]:
+        words = [tokenize(word) for word in group]
+        for i, word in enumerate(words):
+            if len(word) == 1:
+                others = {t for j, other in enumerate(words) if j != i for t in other}
+                adds.setdefault(stem(word[0]), set()).update(others)
+    for word, phrases in raw["expansions"].items():
+        tokens = tokenize(word)
+        if len(tokens) == 1:
+            adds.setdefault(stem(tokens[0]), set()).update(t for phrase in phrases for t in tokenize(phrase))
+    expansions = {key: tuple(sorted(value)) for key, value in adds.items()}
+    known = set(expansions) | {stem(t) for value in expansions.values() for t in value}
+    stop = frozenset(w for w in get_stop_words("english") if w.isalpha() and stem(w) not in known)
+    return Lexicon(expansions, stop)
+
+
+def query_terms(
+    tokens: list[str],
+    stop_weight: float,
+    expansion_weight: float,
+    absent_weight: float | None = None,
+    present: Callable[[str], bool] | None = None,
+) -> list[QueryTerm]:
+    """The distinct tokens to search for `tokens`, sorted, each with its highest weight.
+
+    If every token of the query is a stop word, they count in full (the query
+    "about" still searches for "about"). A query word that the catalog does not
+    hold at all (`present` says no) lends its lexicon words `absent_weight`
+    instead of `expansion_weight`: they stand in for it ("picture" in a catalog
+    that only says "image").
+    """
+    lex = lexicon()
+    literal = {t: (LITERAL if t not in lex.stop_words else STOP) for t in tokens}
+    all_stop = all(origin == STOP for origin in literal.values())
+    best: dict[str, QueryTerm] = {}
+
+    def offer(term: QueryTerm) -> None:
+        if term.weight > 0 and (term.token not in best or term.weight > best[term.token].weight):
+            best[term.token] = term
+
+    for token, origin in literal.items():
+        offer(QueryTerm(token, stop_weight if origin == STOP and not all_stop else 1.0, origin))
+    literal_stems = {stem(t) for t in literal}
+    for token, origin in sorted(literal.items()):
+        if origin == STOP:
+            continue
+        weight = expansion_weight
+        if absent_weight is not None and present is not None and not present(token):
+            weight = absent_weight
+        for added in lex.expansions.get(stem(token), ()):
+            if stem(added) not in literal_stems and added not in lex.stop_words:
+                offer(QueryTerm(added, weight, f"lexicon: {token}"))
+    return [best[t] for t in sorted(best)]
