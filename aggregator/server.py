@@ -264,6 +264,7 @@ class AggregatorServer:
         if new_direct or list(table) != list(self._direct):
             self._direct = table
             self._listing = None
+            self._tools_changed = True
             self._changed.set()  # clients list again; that starts new direct upstreams (DESIGN §3)
 
     async def _fan_out(self) -> None:

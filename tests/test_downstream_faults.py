@@ -37,10 +37,19 @@ def request(request_id: Any, method: str, params: dict[str, Any] | None = None) 
 
 
 def next_message(proc: subprocess.Popen[bytes]) -> Any:
+    """The next answer (a message with an id, or a batch); notifications such as list_changed are passed over."""
     assert proc.stdout
-    line = proc.stdout.readline()
-    assert line, "the aggregator closed its stdout"
-    return json.loads(line)
+    while True:
+        line = proc.stdout.readline()
+        assert line, "the aggregator closed its stdout"
+        message = json.loads(line)
+        if isinstance(message, list) or "id" in message:  # an answer, or a batch's answers
+            return message
+
+
+def answers_of(output: bytes) -> list[Any]:
+    """The answers (messages with an id) among what the aggregator wrote; notifications are passed over."""
+    return [message for message in map(json.loads, output.splitlines()) if "id" in message]
 
 
 def call_tool(request_id: int, name: str, **arguments: Any) -> bytes:
@@ -182,7 +191,7 @@ def test_stdin_closed_with_requests_in_flight_answers_every_one(tmp_path: Path) 
     assert proc.stdin
     proc.stdin.close()
     assert proc.stdout
-    answers = [json.loads(line) for line in proc.stdout.read().splitlines()]
+    answers = answers_of(proc.stdout.read())
     assert proc.wait(timeout=30) == 0
     assert sorted(a["id"] for a in answers) == list(range(100, 120))
     assert all(not a["result"].get("isError") for a in answers), answers
@@ -196,7 +205,7 @@ def test_requests_still_running_after_the_drain_window_are_cancelled_and_answere
     time.sleep(1)  # the calls are running
     assert proc.stdin and proc.stdout
     proc.stdin.close()
-    answers = [json.loads(line) for line in proc.stdout.read().splitlines()]
+    answers = answers_of(proc.stdout.read())
     assert proc.wait(timeout=30) == 0
     assert sorted(a["id"] for a in answers) == list(range(200, 205))
     assert all("error" in a for a in answers), answers
@@ -246,7 +255,7 @@ def test_serve_without_a_pipe_on_stdin_exits_cleanly(tmp_path: Path, stdin: str)
     done = subprocess.run(["sh", "-c", command], capture_output=True, env=aggregator_env(), timeout=60)
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
     assert b"Traceback" not in done.stderr
-    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    answers = answers_of(done.stdout)
     assert [a["id"] for a in answers] == ([1, 2] if stdin == "file" else [])
 
 

@@ -21,7 +21,7 @@ from mcp_types.methods import validate_server_result
 
 from aggregator.exposure import build_direct_tools
 from aggregator.faults import Fault
-from aggregator.server import _for_era
+from aggregator.server import _call_result
 from aggregator.upstream.pool import UpstreamPool
 from tests.conftest import kit_upstream
 from tests.test_pool import config_of
@@ -119,7 +119,7 @@ def test_any_answer_to_a_call_is_a_result_or_a_fault(
     async def call() -> Any:
         with anyio.fail_after(PROMPT):
             try:
-                return _for_era(await pool.call_tool("kit", "reply", answer), version)
+                return _call_result(await pool.call_tool("kit", "reply", answer), version)
             except Fault as fault:
                 return fault
 
