@@ -52,6 +52,7 @@ log = get_logger(__name__)
 BACKOFF_FIRST = 0.1
 BACKOFF_MAX = 30.0
 MAX_PAGES = 1000
+STDERR_SETTLE_SECONDS = 0.2  # how long a failure waits for the dead upstream's stderr to be read to its end
 REFRESH_MIN_INTERVAL = 1.0  # between two listings caused by list_changed ...
 REFRESH_MAX_INTERVAL = 30.0  # ... doubling up to this while the listings find nothing new
 
@@ -189,7 +190,8 @@ class UpstreamConnection:
                         self._tg.start_soon(self._refresh, name=f"refresh-{self.name}")
                     await self._park(run, handle)
             if run.scope.cancelled_caught and not run.done.is_set() and not self._stopping:
-                self._failed(run, self._exit_reason(f"no handshake within {self.config.timeouts.connect:g}s"))
+                reason = f"no handshake within {self.config.timeouts.connect:g}s"
+                self._failed(run, self._exit_reason(reason, exited=False))
         except Exception as exc:
             self._failed(run, _describe_start_error(exc, self))
         finally:
@@ -291,7 +293,9 @@ class UpstreamConnection:
         self._store.drop(self.name)
         log.warning("upstream failed", upstream=self.name, reason=reason, retry_in=delay)
 
-    def _exit_reason(self, what: str) -> str:
+    def _exit_reason(self, what: str, *, exited: bool = True) -> str:
+        if exited:  # its last words may still be on their way through the stderr reader
+            self.stderr.wait_drained(STDERR_SETTLE_SECONDS)
         tail = self.stderr.text(5)
         return f"{what}" + (f"; stderr: {tail}" if tail else "")
 
@@ -555,7 +559,7 @@ def _describe_start_error(exc: BaseException, conn: UpstreamConnection) -> str:
         what = f"handshake failed: {first.message}"
     else:
         what = f"{type(first).__name__}: {first}".strip()
-    return conn._exit_reason(what[:500])
+    return conn._exit_reason(what[:500], exited=not what.startswith("no handshake"))
 
 
 def _is_dir(path: str | None) -> bool:

@@ -55,13 +55,30 @@ class StderrTail:
         self.upstream = upstream
         self._lines: collections.deque[str] = collections.deque(maxlen=max_lines)
         self._lock = threading.Lock()
+        self._drained = threading.Event()  # the stderr pipe reached EOF
+        self._drained.set()  # nothing to wait for until `feed`
 
     def feed(self, fd: int) -> None:
         """Start a daemon thread draining `fd` (it owns and closes it)."""
+        self._drained.clear()
         thread = threading.Thread(target=self._drain, args=(fd,), name=f"stderr-{self.upstream}", daemon=True)
         thread.start()
 
+    def wait_drained(self, timeout: float) -> None:
+        """Give the reader thread up to `timeout` s to reach EOF, so a dead upstream's last words are in the tail.
+
+        The thread can lag behind the exit that the event loop already saw; a grandchild
+        holding the pipe open makes this wait the whole (short) timeout.
+        """
+        self._drained.wait(timeout)
+
     def _drain(self, fd: int) -> None:
+        try:
+            self._drain_pipe(fd)
+        finally:
+            self._drained.set()
+
+    def _drain_pipe(self, fd: int) -> None:
         with open(fd, "rb", buffering=0, closefd=True) as pipe:
             pending = b""
             while chunk := pipe.read(65536):
