@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from aggregator.catalog.model import Catalog, MalformedEntry, clean_tool, sorted_unique
+from aggregator.catalog.model import catalog_of_wire_tools
 from aggregator.catalog.search import DEFAULT_PARAMS, RankingParams, ToolSearchIndex
 from aggregator.catalog.store import CatalogStore
 
@@ -119,13 +119,7 @@ def build_index(servers: Sequence[dict[str, Any]], params: RankingParams = DEFAU
     index.attach(store)
     for server in servers:
         index.set_server_metadata(server["id"], *server_metadata(server))
-        tools = []
-        for raw in server["tools"]:
-            try:
-                tools.append(clean_tool(server["id"], raw))
-            except MalformedEntry:
-                continue
-        store.put(Catalog(server=server["id"], tools=sorted_unique(tools)))
+        store.put(catalog_of_wire_tools(server["id"], server["tools"]))
     return index
 
 

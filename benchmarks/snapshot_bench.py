@@ -61,7 +61,7 @@ from typing import Any
 
 import anyio
 
-from aggregator.catalog.model import Catalog, MalformedEntry, clean_tool, sorted_unique
+from aggregator.catalog.model import Catalog, catalog_of_wire_tools
 from aggregator.catalog.search import ToolSearchIndex
 from aggregator.catalog.snapshot import SnapshotDir
 from aggregator.catalog.store import CatalogStore
@@ -89,13 +89,7 @@ def pick_servers(dataset: dict[str, Any], count: int) -> list[dict[str, Any]]:
 
 
 def clean_catalog(server: dict[str, Any]) -> Catalog:
-    tools = []
-    for raw in server["tools"]:
-        try:
-            tools.append(clean_tool(server["id"], raw))
-        except MalformedEntry:
-            continue
-    return Catalog(server["id"], sorted_unique(tools))
+    return catalog_of_wire_tools(server["id"], server["tools"])
 
 
 def useful(results: list[dict[str, Any]], gold: set[tuple[str, str]]) -> bool:

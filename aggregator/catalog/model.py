@@ -329,6 +329,17 @@ def clean_resource_template(server: str, raw: Any, *, hidden: bool = False) -> R
     )
 
 
+def catalog_of_wire_tools(server: str, raw_tools: Iterable[Any]) -> Catalog:
+    """A catalog of `server` from wire tool definitions; a malformed one is dropped, as in a live listing."""
+    tools = []
+    for raw in raw_tools:
+        try:
+            tools.append(clean_tool(server, raw))
+        except MalformedEntry:
+            continue
+    return Catalog(server, sorted_unique(tools))
+
+
 def sorted_unique(entries: Iterable[Any]) -> tuple[Any, ...]:
     """Sort entries by name; keep the first of duplicate names (upstream bugs happen)."""
     seen: dict[str, Any] = {}
