@@ -44,7 +44,7 @@ search_module.tokenize = lru_cache(maxsize=None)(tokenize)  # type: ignore[assig
 
 GRID: dict[str, tuple[float, ...] | tuple[int, ...]] = {
     "name": (2.0, 3.0, 4.0),
-    "params": (0.5, 0.75, 1.0),
+    "params": (0.75, 1.0, 1.25),
     "server_name": (0.5, 1.0, 2.0),
     "server_description": (0.25, 0.5, 1.0),
     "name_b": (0.25, 0.5, 0.75),
@@ -56,7 +56,8 @@ GRID: dict[str, tuple[float, ...] | tuple[int, ...]] = {
     "expansion": (0.2, 0.4),
     "expansion_absent": (0.55, 0.85),
     "title": (1.0, 2.0, 3.0),
-    "stem_match": (0.7, 0.9),
+    "stem_match": (0.5, 0.6, 0.7, 0.9),
+    "lexicon_tie": (0.0, 0.15, 0.3, 0.5, 1.0),
     "min_partial": (3, 4, 5),
 }
 # The starting point before any tuning: textbook BM25 values and round guesses, so that the
@@ -80,6 +81,7 @@ PRIOR = RankingParams(
     stop_word=0.1,
     expansion=0.4,
     expansion_absent=0.7,
+    lexicon_tie=0.3,
     min_partial=3,
 )
 Scores = dict[str, dict[str, float]]  # dataset → {"strict": ratio to bar, "lenient": ratio to bar, ...}

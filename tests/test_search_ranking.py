@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -12,9 +13,9 @@ from hypothesis import strategies as st
 
 from aggregator.catalog.lexicon import lexicon, query_terms
 from aggregator.catalog.model import Catalog, ToolEntry, clean_tool, sorted_unique
-from aggregator.catalog.search import ToolSearchIndex, annotation_tokens
+from aggregator.catalog.search import DEFAULT_PARAMS, ToolSearchIndex, annotation_tokens
 from aggregator.catalog.store import CatalogStore
-from aggregator.catalog.tokens import is_cjk, stem, tokenize
+from aggregator.catalog.tokens import identifiers, is_cjk, stem, tokenize
 from tests.conftest import CATALOG_FILES, SHARED_DATA, real_catalog
 
 if not (SHARED_DATA / "catalogs").is_dir() or not (SHARED_DATA / "toolsearch").is_dir():
@@ -75,6 +76,21 @@ def test_tokenize(text: str, tokens: list[str]) -> None:
     assert tokenize(text) == tokens
 
 
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        ("use get_file, then getTimeEntries", ["get_file", "get_time_entries"]),
+        ("excel-write-to-sheet on monthly_data.xlsx", ["excel_write_to_sheet", "monthly_data_xlsx"]),
+        ("HTTPServer a__b", ["http_server", "a_b"]),
+        ("plain words only, no identifiers", []),
+        ("_ - . __", []),
+        ("", []),
+    ],
+)
+def test_identifiers(text: str, tokens: list[str]) -> None:
+    assert identifiers(text) == tokens
+
+
 def test_stem_folds_plurals_and_verb_endings_on_both_sides() -> None:
     pairs = [("converts", "convert"), ("converting", "converted"), ("files", "file"), ("queries", "query")]
     for a, b in [*pairs, ("pictures", "picture"), ("running", "run"), ("observations", "observation")]:
@@ -99,6 +115,33 @@ def test_lexicon_expansion_never_outweighs_the_literal_word() -> None:
     terms = {t.token: t for t in query_terms(tokenize("ls image list"), 0.1, 0.3)}
     assert terms["list"].weight == 1.0  # the query's own word, though "ls" also adds it
     assert terms["image"].weight == 1.0 and terms["photo"].weight == 0.3
+
+
+def test_a_query_word_and_its_lexicon_words_score_as_one_group() -> None:
+    """dis_max: the best of "find" and the words it adds counts in full, the others at `lexicon_tie`."""
+    catalog = synthetic(
+        "s",
+        {"name": "lookup", "description": "Search, query or seek anything."},
+        {"name": "locate", "description": "Find it."},
+        {"name": "other", "description": "Something else."},
+    )
+
+    def scores(tie: float) -> tuple[float, list[float]]:
+        index = ToolSearchIndex(replace(DEFAULT_PARAMS, lexicon_tie=tie))
+        store = CatalogStore()
+        index.attach(store)
+        store.put(catalog)
+        score = next(h.score for h in index.search("find", 5) if h.tool == "lookup")
+        return score, [m.contribution for m in index.explain("find", "s", "lookup")]
+
+    as_sum, values = scores(1.0)
+    assert len(values) == 4 and as_sum == pytest.approx(sum(values))  # lookup, search, query, seek
+    assert scores(0.0)[0] == pytest.approx(max(values))
+    tie = DEFAULT_PARAMS.lexicon_tie
+    score, shares = scores(tie)
+    assert score == pytest.approx(max(values) + tie * (sum(values) - max(values))) == pytest.approx(sum(shares))
+    index, _ = build([catalog])
+    assert ranked(index, "find")[0] == ("s", "locate")  # the literal word beats any number of synonyms
 
 
 def test_annotation_hints_are_single_tokens() -> None:
@@ -138,6 +181,18 @@ def test_tool_name_match_above_description_only_match() -> None:
     )
     index, _ = build([catalog])
     assert ranked(index, "archive") == [("s", "archive"), ("s", "pack_files")]
+
+
+def test_a_query_that_names_a_tool_finds_it_whole() -> None:
+    index, _ = build(REAL.values())
+    query = "call list_allowed_directories before you read the text file contents of a directory"
+    assert ranked(index, query)[0] == ("filesystem", "list_allowed_directories")  # not read_text_file
+    named = [m for m in index.explain(query, "filesystem", "list_allowed_directories") if m.term != m.query_term]
+    assert not [m for m in named if m.query_term == "list_allowed_directories"]  # matched whole, never partly
+    whole = [m for m in index.explain(query, "filesystem", "list_allowed_directories") if m.term == m.query_term]
+    assert ("list_allowed_directories", "exact", ("identifier",)) in [(m.term, m.tier, m.fields) for m in whole]
+    parts = index.explain("list allowed directories", "filesystem", "list_allowed_directories")
+    assert {m.term for m in parts} == {"list", "allowed", "directories"}  # words alone do not count as the name
 
 
 def test_rare_exact_match_beats_common_words() -> None:

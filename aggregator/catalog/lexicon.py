@@ -9,6 +9,12 @@ knows is tool vocabulary and never a stop word, whatever the stop list says
 
 Lexicon words are matched by Snowball stem, so "pictures" expands like
 "picture". The lexicon file is read once, on first use.
+
+The words a query word adds are alternatives to it, not more evidence: the
+ranking takes the best of a word and its additions in full and the rest at a
+small share (`RankingParams.lexicon_tie`), so a tool that says "search",
+"find" and "query" does not outscore one that says "search" once for the query
+"find".
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from importlib import resources
 
 from stop_words import get_stop_words
 
-from aggregator.catalog.tokens import stem, tokenize
+from aggregator.catalog.tokens import is_identifier, stem, tokenize
 
 LITERAL = "query"
 STOP = "stop word"
@@ -34,6 +40,13 @@ class QueryTerm:
     token: str
     weight: float
     origin: str  # LITERAL, STOP, or "lexicon: <query word>"
+    word: str  # the query word it stands for: itself, or the word whose lexicon entry added it
+
+    @property
+    def partial(self) -> bool:
+        """Whether the token may match longer words (prefix, substring tiers). Only a word of
+        the query does: "the" must not find "their", nor the lexicon's "dir" "directly"."""
+        return self.origin == LITERAL and not is_identifier(self.token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +101,7 @@ def query_terms(
             best[term.token] = term
 
     for token, origin in literal.items():
-        offer(QueryTerm(token, stop_weight if origin == STOP and not all_stop else 1.0, origin))
+        offer(QueryTerm(token, stop_weight if origin == STOP and not all_stop else 1.0, origin, token))
     literal_stems = {stem(t) for t in literal}
     for token, origin in sorted(literal.items()):
         if origin == STOP:
@@ -98,5 +111,5 @@ def query_terms(
             weight = absent_weight
         for added in lex.expansions.get(stem(token), ()):
             if stem(added) not in literal_stems and added not in lex.stop_words:
-                offer(QueryTerm(added, weight, f"lexicon: {token}"))
+                offer(QueryTerm(added, weight, f"lexicon: {token}", token))
     return [best[t] for t in sorted(best)]

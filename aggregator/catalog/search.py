@@ -32,6 +32,12 @@ sum is the same however the catalogs were loaded) of
   that tier or better; as idf and tier factor both fall from exact to
   substring, an exact match outweighs a partial one for the same field and tf.
 
+A query word and the words the lexicon adds for it form one group, scored as
+Lucene's dis_max: the group's best term counts in full, the others at the
+share `lexicon_tie`. Synonyms are alternatives for one word of the request, so
+a tool that repeats the concept in several words must not outscore one that
+names it once.
+
 Ties break on (server, tool). No randomness, no model: the same catalog content
 and query always give the same floats and the same order.
 
@@ -48,6 +54,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,7 +65,7 @@ from typing import Any
 from aggregator.catalog.lexicon import QueryTerm, query_terms
 from aggregator.catalog.model import Catalog, ToolEntry
 from aggregator.catalog.store import CatalogStore
-from aggregator.catalog.tokens import is_cjk, stem, tokenize
+from aggregator.catalog.tokens import identifiers, is_cjk, is_identifier, stem, tokenize
 
 Postings = dict[int, float]  # document id → the term's best field weight in that document
 Tier = tuple[tuple[str, float], ...]  # vocabulary terms, each with a weight factor
@@ -69,7 +76,7 @@ _TOKEN_CACHE = 4096  # query tokens whose expansion is kept
 _STATS_BUDGET = 400_000  # entries of per-token match tables kept between queries (~30 MB)
 
 
-FIELDS = ("name", "title", "description", "params", "annotations", "server_name", "server_description")
+FIELDS = ("name", "identifier", "title", "description", "params", "annotations", "server_name", "server_description")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,23 +85,25 @@ class RankingParams:
     (`benchmarks/tune_search.py`)."""
 
     name: float = 4.0
+    identifier: float = 4.0  # the whole name as one token, for a query that names the tool
     title: float = 2.0
     description: float = 1.0
-    params: float = 0.75
+    params: float = 1.0
     annotations: float = 0.3
     server_name: float = 2.0
     server_description: float = 0.25
     name_b: float = 0.25
-    description_b: float = 0.5
+    description_b: float = 0.75
     params_b: float = 0.75
     server_b: float = 0.75
     k1: float = 1.2
-    stem_match: float = 0.9  # equal stems, different surface forms
+    stem_match: float = 0.7  # equal stems, different surface forms
     prefix: float = 0.5
     substring: float = 0.1
     stop_word: float = 0.2  # query weight of a stop word (a query of stop words only counts them in full)
     expansion: float = 0.2  # query weight of a term the lexicon adds
     expansion_absent: float = 0.7  # ... for a query word the catalog does not hold at all
+    lexicon_tie: float = 0.3  # share of a group's terms other than its best (dis_max tie breaker)
     min_partial: int = 3  # shortest non-CJK query token that may prefix/substring-match
 
     def field_weight(self, field: str) -> float:
@@ -105,7 +114,7 @@ class RankingParams:
             return self.name_b
         if field in ("server_name", "server_description"):
             return self.server_b
-        if field == "annotations":
+        if field in ("annotations", "identifier"):
             return 0.0
         return self.description_b if field == "description" else self.params_b
 
@@ -114,6 +123,7 @@ class RankingParams:
 # over the tools of the five dev sets in ../shared/data/toolsearch.
 PIVOTS = {
     "name": 2.5,
+    "identifier": 1.0,
     "title": 2.5,
     "description": 24.0,
     "params": 16.0,
@@ -193,8 +203,15 @@ class _TokenStats:
     cards: dict[int, float]  # the same for server cards, worked out
     weight: float  # the token's rarity (idf over every tier); 0: matches nothing
 
+    def scaled(self, factor: float) -> _TokenStats:
+        if factor == 1.0:
+            return self
+        sources = tuple(_Source(s.table, s.scale * factor, s.levels, s.owned) for s in self.sources)
+        return _TokenStats(sources, {d: v * factor for d, v in self.cards.items()}, self.weight)
+
 
 _NO_MATCH = _TokenStats((), {}, 0.0)
+Group = tuple[tuple[_Source, ...], ...]  # a query word and its lexicon words: each member's sources
 
 
 def _stats_size(stats: _TokenStats) -> int:
@@ -269,8 +286,9 @@ def param_texts(schema: Mapping[str, Any]) -> list[str]:
     return texts
 
 
-def bm25f_terms(fields: Mapping[str, list[str]], p: RankingParams) -> dict[str, float]:
-    """Term → its BM25F weight in a document made of `fields` (field → tokens)."""
+def field_frequencies(fields: Mapping[str, list[str]], p: RankingParams) -> dict[str, float]:
+    """Term → its BM25F pseudo frequency in `fields` (field → tokens): each field's count
+    times the field's weight over its length normalisation, summed over the fields."""
     pseudo: dict[str, float] = {}
     for field, tokens in fields.items():
         if not tokens:
@@ -279,7 +297,21 @@ def bm25f_terms(fields: Mapping[str, list[str]], p: RankingParams) -> dict[str, 
         scale = p.field_weight(field) / (1 - b + b * len(tokens) / PIVOTS[field])
         for term, tf in Counter(tokens).items():
             pseudo[term] = pseudo.get(term, 0.0) + scale * tf
-    return {term: tf * (p.k1 + 1) / (tf + p.k1) for term, tf in pseudo.items() if tf > 0}
+    return pseudo
+
+
+def bm25f_terms(
+    fields: Mapping[str, list[str]], p: RankingParams, shared: Mapping[str, float] | None = None
+) -> dict[str, float]:
+    """Term → its BM25F weight in a document made of `fields` and of `shared`, the
+    `field_frequencies` of fields every tool of a server has (its name and description).
+
+    Terms are interned: thousands of documents hold "get" or "file", and one string
+    object for each saves about a quarter of the index's memory."""
+    pseudo = field_frequencies(fields, p)
+    for term, tf in (shared or {}).items():
+        pseudo[term] = pseudo.get(term, 0.0) + tf
+    return {sys.intern(term): tf * (p.k1 + 1) / (tf + p.k1) for term, tf in pseudo.items() if tf > 0}
 
 
 def _raise_to(best: dict[int, float], table: Mapping[int, float], scale: float) -> None:
@@ -306,8 +338,8 @@ class ToolSearchIndex:
         self._stems: dict[str, set[str]] = {}
         self._grams: dict[str, set[str]] = {}
         self._levels: dict[str, tuple[_Level, ...]] = {}  # per term, dropped when its postings change
-        self._expansions: dict[str, tuple[Tier, Tier, Tier]] = {}
-        self._stats: dict[str, _TokenStats] = {}
+        self._expansions: dict[tuple[str, bool], tuple[Tier, Tier, Tier]] = {}
+        self._stats: dict[tuple[str, bool], _TokenStats] = {}
         self._stats_size = 0
         self._next_id = 1
 
@@ -342,9 +374,9 @@ class ToolSearchIndex:
         self._remove_tools(server)
         self._remove_card(server)
         self._catalogs[server] = catalog
-        shared = self._server_fields(server)
+        shared = field_frequencies(self._server_fields(server), self._p)
         self._tool_ids[server] = [
-            self._add_doc(_Doc(server, entry.name, entry, bm25f_terms(self.fields(entry, shared), self._p)))
+            self._add_doc(_Doc(server, entry.name, entry, bm25f_terms(self._own_fields(entry), self._p, shared)))
             for entry in catalog.exposed_tools
         ]
 
@@ -385,15 +417,19 @@ class ToolSearchIndex:
             "server_description": [*tokenize(description), *_tokens_of(capabilities)],
         }
 
-    def fields(self, entry: ToolEntry, server_fields: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
-        """The tokens of each field of a tool, as indexed (`server_fields`: its server's, if known)."""
+    def fields(self, entry: ToolEntry) -> dict[str, list[str]]:
+        """The tokens of each field of a tool, as indexed: its own and its server's."""
+        return {**self._own_fields(entry), **self._server_fields(entry.server)}
+
+    @staticmethod
+    def _own_fields(entry: ToolEntry) -> dict[str, list[str]]:
         return {
-            "name": tokenize(entry.name),
+            "name": (name := tokenize(entry.name)),
+            "identifier": ["_".join(name)] if len(name) > 1 else [],
             "title": tokenize(entry.title),
             "description": tokenize(entry.description),
             "params": _tokens_of(param_texts(entry.input_schema)),
             "annotations": annotation_tokens(entry.annotations),
-            **(server_fields or self._server_fields(entry.server)),
         }
 
     def _card_fields(self, server: str) -> dict[str, list[str]]:
@@ -422,12 +458,19 @@ class ToolSearchIndex:
         self._next_id += 1
         self._docs[doc_id] = doc
         postings_map = self._card_postings if card else self._tool_postings
+        doc_freq = self._doc_freq
         for term, weight in doc.terms.items():
-            postings_map.setdefault(term, {})[doc_id] = weight
-            self._levels.pop(term, None)
-            self._doc_freq[term] += 1
-            if self._doc_freq[term] == 1:
+            postings = postings_map.get(term)
+            if postings is None:
+                postings_map[term] = {doc_id: weight}
+            else:
+                postings[doc_id] = weight
+            if term in doc_freq:
+                doc_freq[term] += 1
+            else:
+                doc_freq[term] = 1
                 self._add_term(term)
+        self._forget_levels(doc.terms)
         self._forget_queries()
         return doc_id
 
@@ -439,16 +482,22 @@ class ToolSearchIndex:
             del postings[doc_id]
             if not postings:
                 del postings_map[term]
-            self._levels.pop(term, None)
             self._doc_freq[term] -= 1
             if not self._doc_freq[term]:
                 del self._doc_freq[term]
                 self._remove_term(term)
+        self._forget_levels(doc.terms)
         self._forget_queries()
+
+    def _forget_levels(self, terms: Mapping[str, float]) -> None:
+        """Drop the cached levels of `terms`, whose postings changed."""
+        if self._levels:
+            for term in self._levels.keys() & terms.keys():
+                del self._levels[term]
 
     def _add_term(self, term: str) -> None:
         self._stems.setdefault(stem(term), set()).add(term)
-        for gram in _grams(term):
+        for gram in () if is_identifier(term) else _grams(term):
             self._grams.setdefault(gram, set()).add(term)
 
     def _remove_term(self, term: str) -> None:
@@ -456,7 +505,7 @@ class ToolSearchIndex:
         self._stems[key].discard(term)
         if not self._stems[key]:
             del self._stems[key]
-        for gram in _grams(term):
+        for gram in () if is_identifier(term) else _grams(term):
             terms = self._grams[gram]
             terms.discard(term)
             if not terms:
@@ -464,21 +513,23 @@ class ToolSearchIndex:
 
     # ------------------------------------------------------------ token lookup
 
-    def _expand(self, token: str) -> tuple[Tier, Tier, Tier]:
-        """The vocabulary terms `token` matches, per tier: (exact, prefix, substring)."""
-        cached = self._expansions.get(token)
+    def _expand(self, token: str, partial: bool) -> tuple[Tier, Tier, Tier]:
+        """The vocabulary terms `token` matches, per tier: (exact, prefix, substring); the
+        last two stay empty unless `partial`."""
+        cached = self._expansions.get((token, partial))
         if cached is not None:
             return cached
         same_stem = self._stems.get(stem(token), set())
         exact = tuple((t, 1.0 if t == token else self._p.stem_match) for t in sorted(same_stem))
         prefix: list[tuple[str, float]] = []
         substring: list[tuple[str, float]] = []
-        for term in sorted(self._partial_candidates(token) - same_stem):
+        candidates = self._partial_candidates(token) if partial else set()
+        for term in sorted(candidates - same_stem):
             (prefix if term.startswith(token) else substring).append((term, 1.0))
         expansion = (exact, tuple(prefix), tuple(substring))
         if len(self._expansions) >= _TOKEN_CACHE:
             self._expansions.clear()
-        self._expansions[token] = expansion
+        self._expansions[token, partial] = expansion
         return expansion
 
     def _partial_candidates(self, token: str) -> set[str]:
@@ -502,11 +553,11 @@ class ToolSearchIndex:
         n = len(self._docs)
         return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
 
-    def _token_stats(self, token: str) -> _TokenStats:
+    def _token_stats(self, token: str, partial: bool = True) -> _TokenStats:
         """What `token` is worth in each document (cached until the index changes, oldest out first)."""
-        cached = self._stats.get(token)
+        cached = self._stats.get((token, partial))
         if cached is None:
-            cached = self._stats[token] = self._compute_stats(token)
+            cached = self._stats[token, partial] = self._compute_stats(token, partial)
             self._stats_size += _stats_size(cached)
             while self._stats_size > _STATS_BUDGET and len(self._stats) > 1:
                 self._stats_size -= _stats_size(self._stats.pop(next(iter(self._stats))))
@@ -523,9 +574,9 @@ class ToolSearchIndex:
                 counts[level] += len(matched)
         return counts
 
-    def _scaled_terms(self, token: str) -> list[tuple[str, str, float]]:
+    def _scaled_terms(self, token: str, partial: bool) -> list[tuple[str, str, float]]:
         """(vocabulary term, tier name, idf × tier factor) of every term `token` matches."""
-        tiers = self._expand(token)
+        tiers = self._expand(token, partial)
         doc_freqs = self._doc_freqs(tiers)
         if not doc_freqs[2]:
             return []
@@ -539,8 +590,8 @@ class ToolSearchIndex:
                     scaled.append((term, name, idf * term_factor))
         return scaled
 
-    def _compute_stats(self, token: str) -> _TokenStats:
-        scaled_terms = self._scaled_terms(token)
+    def _compute_stats(self, token: str, partial: bool) -> _TokenStats:
+        scaled_terms = self._scaled_terms(token, partial)
         if not scaled_terms:
             return _NO_MATCH
         scaled = [(term, scale) for term, _, scale in scaled_terms]
@@ -573,24 +624,20 @@ class ToolSearchIndex:
         """The weighted terms `query` searches for (its words, stop words, lexicon additions), sorted."""
         p = self._p
         present = self._present
-        return query_terms(tokenize(query), p.stop_word, p.expansion, p.expansion_absent, present)
+        return query_terms(tokenize(query) + identifiers(query), p.stop_word, p.expansion, p.expansion_absent, present)
 
     def _present(self, token: str) -> bool:
         return self._token_stats(token).weight > 0
 
-    def _query_stats(self, query: str) -> list[_TokenStats]:
-        """Stats of the query's terms that match anything, in sorted term order, scaled by term weight."""
-        out = []
+    def _query_groups(self, query: str) -> list[list[_TokenStats]]:
+        """Per query word (sorted), the stats of it and its lexicon words that match anything,
+        each scaled by its query weight, in sorted term order."""
+        groups: dict[str, list[_TokenStats]] = {}
         for term in self.query_terms(query):
-            stats = self._token_stats(term.token)
-            if stats.weight <= 0:
-                continue
-            if term.weight != 1.0:
-                w = term.weight
-                sources = tuple(_Source(s.table, s.scale * w, s.levels, s.owned) for s in stats.sources)
-                stats = _TokenStats(sources, {d: v * w for d, v in stats.cards.items()}, stats.weight)
-            out.append(stats)
-        return out
+            stats = self._token_stats(term.token, term.partial)
+            if stats.weight > 0:
+                groups.setdefault(term.word, []).append(stats.scaled(term.weight))
+        return [groups[word] for word in sorted(groups)]
 
     def explain(self, query: str, server: str, tool: str) -> list[Match]:
         """How the tool's score for `query` is made: per query term, the vocabulary term that
@@ -600,24 +647,30 @@ class ToolSearchIndex:
             return []
         fields = self.fields(doc.entry)
         matches = []
-        for qterm in self.query_terms(query):
-            best: tuple[float, str, str] | None = None
-            for term, tier, scale in self._scaled_terms(qterm.token):
-                weight = doc.terms.get(term)
-                if weight is not None and (best is None or qterm.weight * scale * weight > best[0]):
-                    best = (qterm.weight * scale * weight, term, tier)
-            if best is not None:
-                value, term, tier = best
+        qterms = self.query_terms(query)
+        for word in sorted({q.word for q in qterms}):
+            found = []
+            for qterm in (q for q in qterms if q.word == word):
+                best: tuple[float, str, str] | None = None
+                for term, tier, scale in self._scaled_terms(qterm.token, qterm.partial):
+                    weight = doc.terms.get(term)
+                    if weight is not None and (best is None or qterm.weight * scale * weight > best[0]):
+                        best = (qterm.weight * scale * weight, term, tier)
+                if best is not None:
+                    found.append((qterm, best))
+            top = max(found, key=lambda item: item[1][0], default=None)
+            for qterm, (value, term, tier) in found:
+                share = 1.0 if (qterm, (value, term, tier)) == top else self._p.lexicon_tie
                 holding = tuple(f for f in FIELDS if term in fields.get(f, ()))
-                matches.append(Match(qterm.token, qterm.origin, term, tier, holding, value))
+                matches.append(Match(qterm.token, qterm.origin, term, tier, holding, share * value))
         return matches
 
     def search(self, query: str, limit: int) -> list[Hit]:
         """The best `limit` exposed tools of loaded catalogs, by score, ties on (server, tool)."""
-        stats = self._query_stats(query)
-        if not stats or limit <= 0:
+        groups = self._query_groups(query)
+        if not groups or limit <= 0:
             return []
-        scored = _TopK([s.sources for s in stats], limit).run()
+        scored = _TopK([tuple(m.sources for m in g) for g in groups], limit, self._p.lexicon_tie).run()
         hits = []
         for doc_id, score in _top(list(scored.items()), limit, self._docs):
             doc = self._docs[doc_id]
@@ -630,21 +683,21 @@ class ToolSearchIndex:
 
         `search` returns the best of these; tests and diagnostics compare against it.
         """
-        stats = self._query_stats(query)
-        matched = {d for s in stats for source in s.sources for d in source.table}
-        scores = _bulk_scores(matched, [s.sources for s in stats])
+        groups = [tuple(m.sources for m in g) for g in self._query_groups(query)]
+        matched = {d for group in groups for member in group for source in member for d in source.table}
+        scores = _bulk_scores(matched, groups, self._p.lexicon_tie)
         docs = self._docs
         return {(docs[d].server, docs[d].tool or ""): score for d, score in scores.items()}
 
     def search_servers(self, query: str, servers: Iterable[str]) -> list[ServerHit]:
         """Upstreams among `servers` whose catalog is not loaded and whose name or metadata matches."""
         wanted = {self._card_ids[s] for s in servers if s in self._card_ids}
-        stats = self._query_stats(query)
+        stats = self._query_groups(query)
         if not stats or not wanted:
             return []
-        found = {d for s in stats for d in s.cards if d in wanted}
-        tokens = [(_Source(s.cards, 1.0, ()),) for s in stats]
-        scored = _bulk_scores(found, tokens)
+        found = {d for g in stats for m in g for d in m.cards if d in wanted}
+        groups = [tuple((_Source(m.cards, 1.0, ()),) for m in g) for g in stats]
+        scored = _bulk_scores(found, groups, self._p.lexicon_tie)
         hits = []
         for doc_id, score in _top(list(scored.items()), len(scored), self._docs):
             server = self._docs[doc_id].server
@@ -676,15 +729,29 @@ def _token_values(docs: Mapping[int, Any], sources: Sequence[_Source]) -> dict[i
     return values
 
 
-def _bulk_scores(docs: Iterable[int], tokens: Sequence[Sequence[_Source]]) -> dict[int, float]:
-    """Full scores of `docs`: per document, the sum of its token values in token order.
+def _group_values(docs: Mapping[int, Any], group: Group, tie: float) -> dict[int, float]:
+    """Per document of `docs` that the group matches: its best member's value plus `tie` × the others'."""
+    if len(group) == 1:
+        return _token_values(docs, group[0])
+    best: dict[int, float] = {}
+    total: dict[int, float] = {}
+    for member in group:
+        for d, v in _token_values(docs, member).items():
+            total[d] = total.get(d, 0.0) + v
+            if v > best.get(d, 0.0):
+                best[d] = v
+    return {d: b + tie * (total[d] - b) for d, b in best.items()}
 
-    Token order is sorted query-token order, so a document's float sum does not
+
+def _bulk_scores(docs: Iterable[int], groups: Sequence[Group], tie: float) -> dict[int, float]:
+    """Full scores of `docs`: per document, the sum of its group values in group order.
+
+    Group order is sorted query-word order, so a document's float sum does not
     depend on which documents were scored together or how they were found.
     """
     totals = dict.fromkeys(docs, 0.0)
-    for sources in tokens:
-        values = _token_values(totals, sources)
+    for group in groups:
+        values = _group_values(totals, group, tie)
         totals.update({d: totals[d] + v for d, v in values.items()})
     return totals
 
@@ -692,43 +759,48 @@ def _bulk_scores(docs: Iterable[int], tokens: Sequence[Sequence[_Source]]) -> di
 class _TopK:
     """Finds a set of documents, with exact scores, that surely holds the top `limit`.
 
-    MaxScore pruning. Every source of every token is split into blocks (its
-    levels, by falling value), taken from the highest bound down; their new
-    documents are scored a batch at a time. A token's *ceiling* is the highest
-    bound of its blocks not taken yet: what it can add to a document not seen so
-    far. Tokens whose ceilings sum to less than the current `limit`-th best score
-    become *non-essential*, for good: a document that only they match cannot
-    reach the top, so their blocks are no longer walked (a document they match
-    together with an essential token is found through that token's blocks, and
-    scored in full). When every token is non-essential, retrieval is over.
+    MaxScore pruning. Every source of every group (a query word and its lexicon
+    words) is split into blocks (its levels, by falling value), taken from the
+    highest bound down; their new documents are scored a batch at a time. A
+    group's *ceiling* is what it can add to a document not seen so far: from
+    the highest bound of each member's blocks not taken yet, combined as the
+    group's values are (dis_max). Groups whose ceilings sum to less than the
+    current `limit`-th best score become *non-essential*, for good: a document
+    that only they match cannot reach the top, so their blocks are no longer
+    walked (a document they match together with an essential group is found
+    through that group's blocks, and scored in full). When every group is
+    non-essential, retrieval is over.
 
-    Scoring a batch first adds token values in order of falling token bound and
-    drops a document as soon as even the best values of its remaining tokens
+    Scoring a batch first adds group values in order of falling group bound and
+    drops a document as soon as even the best values of its remaining groups
     could not lift it to the `limit`-th best score (most candidates of a common
     word go after one or two probes); survivors are then scored exactly, in
-    sorted token order, so their floats do not depend on how they were found.
+    sorted group order, so their floats do not depend on how they were found.
     """
 
-    def __init__(self, tokens: Sequence[Sequence[_Source]], limit: int) -> None:
-        self.tokens = tokens
+    def __init__(self, groups: Sequence[Group], limit: int, tie: float) -> None:
+        self.groups = groups
         self.limit = limit
-        self.taken = [[0] * len(sources) for sources in tokens]  # per source, levels taken so far
+        self.tie = tie
+        # per group, its sources flattened: (member index, source)
+        self.sources = [[(m, source) for m, member in enumerate(g) for source in member] for g in groups]
+        self.taken = [[0] * len(sources) for sources in self.sources]  # per source, levels taken so far
         self.non_essential: set[int] = set()
         self.non_essential_sum = 0.0  # sum of their ceilings, frozen when they joined
         self.seen: set[int] = set()
         self.scored: dict[int, float] = {}
         self.best: list[float] = []  # the `limit` best scores so far, best first
-        bounds = [self._ceiling(i) for i in range(len(tokens))]
-        self.order = sorted(range(len(tokens)), key=lambda i: -bounds[i])
-        self.rest = [0.0] * (len(tokens) + 1)  # rest[p]: sum of the bounds of order[p:]
-        for pos in range(len(tokens) - 1, -1, -1):
+        bounds = [self._ceiling(i) for i in range(len(groups))]
+        self.order = sorted(range(len(groups)), key=lambda i: -bounds[i])
+        self.rest = [0.0] * (len(groups) + 1)  # rest[p]: sum of the bounds of order[p:]
+        for pos in range(len(groups) - 1, -1, -1):
             self.rest[pos] = self.rest[pos + 1] + bounds[self.order[pos]]
 
     def run(self) -> dict[int, float]:
         blocks = sorted(
             (-source.scale * level.bound, i, j, k)
-            for i, sources in enumerate(self.tokens)
-            for j, source in enumerate(sources)
+            for i, sources in enumerate(self.sources)
+            for j, (_, source) in enumerate(sources)
             for k, level in enumerate(source.levels)
         )
         batch: dict[int, None] = {}
@@ -737,12 +809,12 @@ class _TopK:
                 self._score(batch)
                 batch = {}
             self._update_non_essential()
-            if len(self.non_essential) == len(self.tokens):
+            if len(self.non_essential) == len(self.groups):
                 break
             if i in self.non_essential:
                 continue
             self.taken[i][j] = k + 1
-            batch.update((d, None) for d in self.tokens[i][j].levels[k].docs if d not in self.seen)
+            batch.update((d, None) for d in self.sources[i][j][1].levels[k].docs if d not in self.seen)
         self._score(batch)
         return self.scored
 
@@ -750,21 +822,19 @@ class _TopK:
         return len(self.best) >= self.limit
 
     def _ceiling(self, i: int) -> float:
-        """The most token `i` can add to a document in none of its blocks taken so far."""
-        return max(
-            (
-                source.scale * source.levels[k].bound
-                for source, k in zip(self.tokens[i], self.taken[i], strict=True)
-                if k < len(source.levels)
-            ),
-            default=0.0,
-        )
+        """The most group `i` can add to a document in none of its blocks taken so far."""
+        member_bounds = [0.0] * len(self.groups[i])
+        for (m, source), k in zip(self.sources[i], self.taken[i], strict=True):
+            if k < len(source.levels):
+                member_bounds[m] = max(member_bounds[m], source.scale * source.levels[k].bound)
+        top = max(member_bounds, default=0.0)
+        return top + self.tie * (sum(member_bounds) - top)
 
     def _update_non_essential(self) -> None:
         if not self._full():
             return
         floor = self.best[-1] * (1 - 1e-9)
-        ceilings = {i: self._ceiling(i) for i in range(len(self.tokens)) if i not in self.non_essential}
+        ceilings = {i: self._ceiling(i) for i in range(len(self.groups)) if i not in self.non_essential}
         for i in sorted(ceilings, key=lambda i: (ceilings[i], i)):
             if self.non_essential_sum + ceilings[i] >= floor:
                 break
@@ -777,13 +847,13 @@ class _TopK:
         if self._full():
             floor = self.best[-1] * (1 - 1e-9)
             for pos, i in enumerate(self.order):
-                values = _token_values(alive, self.tokens[i])
+                values = _group_values(alive, self.groups[i], self.tie)
                 alive.update({d: alive[d] + v for d, v in values.items()})
                 rest = self.rest[pos + 1]
                 alive = {d: s for d, s in alive.items() if s + rest >= floor}
                 if not alive:
                     return
-        fresh = _bulk_scores(alive, self.tokens)
+        fresh = _bulk_scores(alive, self.groups, self.tie)
         self.scored.update(fresh)
         self.best = heapq.nlargest(self.limit, chain(self.best, fresh.values()))
 

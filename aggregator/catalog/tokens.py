@@ -7,6 +7,13 @@ encode; `URLs` → urls). Han and kana runs have no word boundaries, so they
 become overlapping character bigrams (`搜索结果` → 搜索, 索结, 结果): Chinese and
 Japanese descriptions are searchable at all, and a query written in them matches.
 
+`identifiers` gives what the text writes as one identifier of several tokens
+(`get_file`, `excel-write-to-sheet`, `getTimeEntries`) as a single token, its
+tokens joined by `_` (`get_file`, `excel_write_to_sheet`, `get_time_entries`):
+the search indexes each tool's name that way too, so a query that names a tool
+finds it whole, as well as by its parts (the "preserve original" of word
+delimiting tokenizers).
+
 `stem` is the Snowball English stemmer (PyStemmer), so that "converts",
 "converting" and "convert" meet. The search treats equal stems as an
 exact match only; prefix and substring matching use the surface forms, so
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from itertools import chain
 
 import Stemmer
 
@@ -40,9 +48,11 @@ def _cjk_grams(chunk: str) -> list[str]:
     return [chunk[i : i + 2] for i in range(len(chunk) - 1)]
 
 
-def _split_run(run: str) -> list[str]:
+@lru_cache(maxsize=65536)
+def _split_run(run: str) -> tuple[str, ...]:
+    """The tokens of one run of letters and digits (cached: words repeat across a catalog)."""
     if run.isascii():
-        return [piece.lower() for piece in _CAMEL.findall(run)]
+        return tuple(piece.lower() for piece in _CAMEL.findall(run))
     out: list[str] = []
     for chunk in _CJK_SPLIT.findall(run):
         if _CJK_CHAR.match(chunk):
@@ -51,17 +61,30 @@ def _split_run(run: str) -> list[str]:
             out.extend(piece.lower() for piece in _CAMEL.findall(chunk))
         else:
             out.append(chunk.lower())
-    return out
+    return tuple(out)
 
 
 def tokenize(text: str | None) -> list[str]:
     """Every token of `text`, in order, repeats kept."""
     if not text:
         return []
-    tokens: list[str] = []
-    for run in _ALNUM_RUN.findall(text):
-        tokens.extend(_split_run(run))
-    return tokens
+    return list(chain.from_iterable(map(_split_run, _ALNUM_RUN.findall(text))))
+
+
+_IDENTIFIER = re.compile(r"[^\W_]+(?:[_.-]+[^\W_]+)*")
+
+
+def identifiers(text: str | None) -> list[str]:
+    """Every identifier of several tokens in `text`, in order, as one token joined by `_`."""
+    if not text:
+        return []
+    joined = ("_".join(tokenize(word)) for word in _IDENTIFIER.findall(text))
+    return [token for token in joined if "_" in token]
+
+
+def is_identifier(token: str) -> bool:
+    """True for a token made by `identifiers` (several tokens joined)."""
+    return "_" in token
 
 
 _STEMMER = Stemmer.Stemmer("english")
