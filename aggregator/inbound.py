@@ -69,6 +69,12 @@ def parse_client_line(line: bytes) -> SessionMessage | Refusal:
         refusal = _refuse(line, "id: must be a string or an integer")
         if refusal.reply is not None:
             return refusal
+    if isinstance(message, types.JSONRPCResponse | types.JSONRPCError) and b'"method"' in line:
+        # A request whose params the models refused can still pass for a response if it also
+        # carries `result` or `error`; a response is never answered, so the client would wait.
+        refusal = _refuse(line, "a request (it has `method`) must not carry `result` or `error`")
+        if refusal.reply is not None:
+            return refusal
     return SessionMessage(message)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import aggregator_env, kit_upstream, rpc, spawn_raw_aggregator, write_config
@@ -154,6 +154,8 @@ def stdio_peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StdioPeer]:
 
 @FUZZ
 @given(client_messages())
+@example((b'{"jsonrpc": "2.0", "id": 1000298, "method": "ping", "params": [], "result": {}}', 1000298))
+@example((b'{"jsonrpc": "2.0", "id": "fz-e", "method": "x", "error": {"code": 1, "message": "m"}}', "fz-e"))
 def test_stdio_answers_every_request_and_survives_anything(stdio_peer: StdioPeer, sent: tuple[bytes, Any]) -> None:
     line, owed = sent
     stdio_peer.send(line)

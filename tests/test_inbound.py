@@ -46,3 +46,13 @@ def test_the_id_of_an_oversized_line_is_found_only_at_the_top_level() -> None:
     assert top_level_id(b'{"note": "\\"id\\": 3", "id": 4.5, "p": "') == 4.5
     assert top_level_id(b'{"id": {"nested": 1}, "p": "') is None
     assert top_level_id(b'{"jsonrpc": "2.0", "method": "x", "params": "aaaa') is None
+
+
+def test_a_request_that_also_carries_a_result_is_refused_not_taken_for_a_response() -> None:
+    """params the models refuse plus `result` would otherwise pass as a response, never answered."""
+    refused = parse_client_line(b'{"jsonrpc": "2.0", "id": 7, "method": "ping", "params": [], "result": {}}')
+    assert isinstance(refused, Refusal) and refused.reply is not None
+    reply = json.loads(refused.reply)
+    assert reply["id"] == 7 and reply["error"]["code"] == -32600 and "method" in reply["error"]["message"]
+    response = parse_client_line(b'{"jsonrpc": "2.0", "id": 7, "result": {"method": "ping"}}')
+    assert not isinstance(response, Refusal)  # a real response, whatever its result holds

@@ -15,6 +15,11 @@ ranking takes the best of a word and its additions in full and the rest at a
 small share (`RankingParams.lexicon_tie`), so a tool that says "search",
 "find" and "query" does not outscore one that says "search" once for the query
 "find".
+
+Only a word of the query itself may match longer words (the prefix and
+substring tiers): a function word or a lexicon word matches whole words and
+their stems, so "the" never finds "their" nor the lexicon's "dir" "directly".
+An identifier the query writes (`get_file`) is searched whole, besides its parts.
 """
 
 from __future__ import annotations
@@ -44,8 +49,7 @@ class QueryTerm:
 
     @property
     def partial(self) -> bool:
-        """Whether the token may match longer words (prefix, substring tiers). Only a word of
-        the query does: "the" must not find "their", nor the lexicon's "dir" "directly"."""
+        """Whether the token may match longer words (prefix, substring tiers)."""
         return self.origin == LITERAL and not is_identifier(self.token)
 
 

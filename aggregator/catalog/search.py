@@ -7,7 +7,9 @@ tool and server scores on one scale.
 
 The ranking is BM25F. A tool has fields: its name, title, description,
 parameters (property names and their descriptions), annotations, and its
-server's name and operator metadata. A vocabulary term's weight in a document is
+server's name and operator metadata; a name of several tokens is also one
+`identifier` token (`get_file`), which a query that writes the name matches
+whole. A vocabulary term's weight in a document is
 
     tf' = Σ_field  field weight × tf(term, field) / (1 − b_f + b_f × len(field) / pivot_f)
     w   = tf' × (k1 + 1) / (tf' + k1)
