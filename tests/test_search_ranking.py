@@ -1,22 +1,20 @@
-"""Tokenizer, incremental index and ranking of catalog_search_tools (DESIGN §2.2)."""
+"""Ranking of catalog_search_tools over the real catalogs and datasets in ../shared/data: everyday
+requests, incremental maintenance, determinism and pruning properties (DESIGN §2.2)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from dataclasses import replace
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aggregator.catalog.lexicon import lexicon, query_terms
 from aggregator.catalog.model import Catalog, ToolEntry, clean_tool, sorted_unique
-from aggregator.catalog.search import DEFAULT_PARAMS, ToolSearchIndex, annotation_tokens
+from aggregator.catalog.search import ToolSearchIndex, annotation_tokens
 from aggregator.catalog.store import CatalogStore
-from aggregator.catalog.tokens import identifiers, is_cjk, stem, tokenize
+from aggregator.catalog.tokens import is_cjk, stem, tokenize
 from tests.conftest import CATALOG_FILES, SHARED_DATA, real_catalog
+from tests.test_search_rules import build, ranked, synthetic
 
 if not (SHARED_DATA / "catalogs").is_dir() or not (SHARED_DATA / "toolsearch").is_dir():
     pytest.skip(f"needs the real catalogs and datasets in {SHARED_DATA}", allow_module_level=True)
@@ -31,158 +29,6 @@ METADATA = {
 REAL = {server: real_catalog(server) for server in CATALOG_FILES}
 
 
-def synthetic(server: str, *tools: Mapping[str, Any], hidden: Iterable[str] = ()) -> Catalog:
-    hide = set(hidden)
-    entries = [clean_tool(server, dict(t), hidden=t["name"] in hide) for t in tools]
-    return Catalog(server, sorted_unique(entries))
-
-
-def build(
-    catalogs: Iterable[Catalog], metadata: Mapping[str, tuple[str, list[str]]] | None = None
-) -> tuple[ToolSearchIndex, CatalogStore]:
-    store = CatalogStore()
-    index = ToolSearchIndex()
-    index.attach(store)
-    for server, (description, caps) in (metadata or {}).items():
-        index.set_server_metadata(server, description, caps)
-    for catalog in catalogs:
-        store.put(catalog)
-    return index, store
-
-
-def ranked(index: ToolSearchIndex, query: str, limit: int = 50) -> list[tuple[str, str]]:
-    return [(h.server, h.tool) for h in index.search(query, limit)]
-
-
-# ---------------------------------------------------------------- tokenizer
-
-
-@pytest.mark.parametrize(
-    ("text", "tokens"),
-    [
-        ("getUserProfile", ["get", "user", "profile"]),
-        ("get_user-profile.v2/x", ["get", "user", "profile", "v2", "x"]),
-        ("HTTPServer base64Encode", ["http", "server", "base64", "encode"]),
-        ("list URLs and IDs", ["list", "urls", "and", "ids"]),
-        ("mcp-server-time: convert_time()", ["mcp", "server", "time", "convert", "time"]),
-        ("Café résumé", ["café", "résumé"]),
-        ("搜索结果", ["搜索", "索结", "结果"]),
-        ("用bing搜索", ["用", "bing", "搜索"]),
-        ("", []),
-        ("  \t ", []),
-    ],
-)
-def test_tokenize(text: str, tokens: list[str]) -> None:
-    assert tokenize(text) == tokens
-
-
-@pytest.mark.parametrize(
-    ("text", "tokens"),
-    [
-        ("use get_file, then getTimeEntries", ["get_file", "get_time_entries"]),
-        ("excel-write-to-sheet on monthly_data.xlsx", ["excel_write_to_sheet", "monthly_data_xlsx"]),
-        ("HTTPServer a__b", ["http_server", "a_b"]),
-        ("plain words only, no identifiers", []),
-        ("_ - . __", []),
-        ("", []),
-    ],
-)
-def test_identifiers(text: str, tokens: list[str]) -> None:
-    assert identifiers(text) == tokens
-
-
-def test_stem_folds_plurals_and_verb_endings_on_both_sides() -> None:
-    pairs = [("converts", "convert"), ("converting", "converted"), ("files", "file"), ("queries", "query")]
-    for a, b in [*pairs, ("pictures", "picture"), ("running", "run"), ("observations", "observation")]:
-        assert stem(a) == stem(b)
-    assert stem("status") == "status"
-    assert stem("git") == "git"  # short tokens stay
-    assert stem("résumés") == "résumés"  # non-ASCII stays
-    assert is_cjk("搜索") and not is_cjk("search")
-
-
-def test_stop_words_weigh_less_and_lexicon_words_are_not_stop_words() -> None:
-    terms = {t.token: t for t in query_terms(tokenize("show me the picture"), 0.1, 0.3)}
-    assert terms["show"].weight == terms["picture"].weight == 1.0  # tool vocabulary, though on the stop list
-    assert terms["the"].weight == terms["me"].weight == 0.1
-    assert terms["image"].weight == 0.3 and terms["image"].origin == "lexicon: picture"
-    only_stop = query_terms(tokenize("about"), 0.1, 0.3)
-    assert [(t.token, t.weight) for t in only_stop] == [("about", 1.0)]  # nothing else to search for
-    assert "the" in lexicon().stop_words and "open" not in lexicon().stop_words
-
-
-def test_lexicon_expansion_never_outweighs_the_literal_word() -> None:
-    terms = {t.token: t for t in query_terms(tokenize("ls image list"), 0.1, 0.3)}
-    assert terms["list"].weight == 1.0  # the query's own word, though "ls" also adds it
-    assert terms["image"].weight == 1.0 and terms["photo"].weight == 0.3
-
-
-def test_a_query_word_and_its_lexicon_words_score_as_one_group() -> None:
-    """dis_max: the best of "find" and the words it adds counts in full, the others at `lexicon_tie`."""
-    catalog = synthetic(
-        "s",
-        {"name": "lookup", "description": "Search, query or seek anything."},
-        {"name": "locate", "description": "Find it."},
-        {"name": "other", "description": "Something else."},
-    )
-
-    def scores(tie: float) -> tuple[float, list[float]]:
-        index = ToolSearchIndex(replace(DEFAULT_PARAMS, lexicon_tie=tie))
-        store = CatalogStore()
-        index.attach(store)
-        store.put(catalog)
-        score = next(h.score for h in index.search("find", 5) if h.tool == "lookup")
-        return score, [m.contribution for m in index.explain("find", "s", "lookup")]
-
-    as_sum, values = scores(1.0)
-    assert len(values) == 4 and as_sum == pytest.approx(sum(values))  # lookup, search, query, seek
-    assert scores(0.0)[0] == pytest.approx(max(values))
-    tie = DEFAULT_PARAMS.lexicon_tie
-    score, shares = scores(tie)
-    assert score == pytest.approx(max(values) + tie * (sum(values) - max(values))) == pytest.approx(sum(shares))
-    index, _ = build([catalog])
-    assert ranked(index, "find")[0] == ("s", "locate")  # the literal word beats any number of synonyms
-
-
-def test_annotation_hints_are_single_tokens() -> None:
-    tokens = annotation_tokens({"readOnlyHint": True, "destructiveHint": False, "title": "Read File"})
-    assert tokens == ["readonly", "read", "file"]
-
-
-# ---------------------------------------------------------------- ranking rules
-
-
-TIERS = synthetic(
-    "tiers",
-    {"name": "search", "description": "Look things up."},
-    {"name": "searcher_tool", "description": "Another tool."},
-    {"name": "research_tool", "description": "A third tool."},
-    {"name": "unrelated", "description": "Nothing to see."},
-)
-
-
-def test_exact_above_prefix_above_substring() -> None:
-    index, _ = build([TIERS])
-    hits = index.search("search", 10)
-    assert [h.tool for h in hits] == ["search", "searcher_tool", "research_tool"]
-    assert hits[0].score > hits[1].score > hits[2].score
-
-
-def test_short_tokens_match_only_exactly() -> None:
-    index, _ = build([synthetic("s", {"name": "get_value"}, {"name": "budget"}, {"name": "ge"})])
-    assert ranked(index, "ge") == [("s", "ge")]
-
-
-def test_tool_name_match_above_description_only_match() -> None:
-    catalog = synthetic(
-        "s",
-        {"name": "archive", "description": "Packs files."},
-        {"name": "pack_files", "description": "Puts files in an archive."},
-    )
-    index, _ = build([catalog])
-    assert ranked(index, "archive") == [("s", "archive"), ("s", "pack_files")]
-
-
 def test_a_query_that_names_a_tool_finds_it_whole() -> None:
     index, _ = build(REAL.values())
     query = "call list_allowed_directories before you read the text file contents of a directory"
@@ -193,13 +39,6 @@ def test_a_query_that_names_a_tool_finds_it_whole() -> None:
     assert ("list_allowed_directories", "exact", ("identifier",)) in [(m.term, m.tier, m.fields) for m in whole]
     parts = index.explain("list allowed directories", "filesystem", "list_allowed_directories")
     assert {m.term for m in parts} == {"list", "allowed", "directories"}  # words alone do not count as the name
-
-
-def test_rare_exact_match_beats_common_words() -> None:
-    common = [{"name": f"tool_{i}", "description": "Read the file and return the file contents."} for i in range(30)]
-    rare = {"name": "shift_clock", "description": "Shift a timestamp into another timezone."}
-    index, _ = build([synthetic("s", *common, rare)])
-    assert ranked(index, "read the file in my timezone")[0] == ("s", "shift_clock")
 
 
 def test_natural_language_query_on_real_catalogs() -> None:
@@ -261,46 +100,6 @@ def test_explain_adds_up_to_the_score() -> None:
     image = next(m for m in matches if m.query_term == "image")
     assert image.origin == "lexicon: picture" and image.tier == "exact" and "description" in image.fields
     assert index.explain("show me a picture", "nope", "nothing") == []
-
-
-def test_ties_break_on_server_then_tool() -> None:
-    twin = {"name": "ping", "description": "Ping."}
-    index, _ = build([synthetic("b", twin), synthetic("a", twin, {"name": "ping2", "description": "Ping."})])
-    hits = index.search("ping", 10)
-    assert [(h.server, h.tool) for h in hits[:2]] == [("a", "ping"), ("b", "ping")]
-    assert hits[0].score == hits[1].score
-
-
-def test_cjk_descriptions_are_searchable() -> None:
-    catalog = synthetic(
-        "bing-cn",
-        {"name": "bing_search", "description": "使用必应搜索指定的关键词，并返回搜索结果列表"},
-        {"name": "fetch_webpage", "description": "根据提供的ID获取对应网页的内容"},
-    )
-    index, _ = build([catalog])
-    assert ranked(index, "搜索关键词") == [("bing-cn", "bing_search")]
-    assert ranked(index, "网页")[0] == ("bing-cn", "fetch_webpage")
-    assert ranked(index, "搜")[0] == ("bing-cn", "bing_search")  # one character prefix-matches a bigram
-
-
-def test_fields_searched_include_args_annotations_title_and_metadata() -> None:
-    catalog = synthetic(
-        "weather",
-        {"name": "lookup", "inputSchema": {"type": "object", "properties": {"postalCode": {"type": "string"}}}},
-        {"name": "wipe", "annotations": {"destructiveHint": True}},
-        {"name": "t1", "title": "Barometer Reading"},
-    )
-    index, _ = build([catalog], {"weather": ("Forecasts from the met office", ["meteorology"])})
-    assert ranked(index, "postal code") == [("weather", "lookup")]
-    assert ranked(index, "destructive") == [("weather", "wipe")]
-    assert ranked(index, "barometer") == [("weather", "t1")]
-    assert {t for _, t in ranked(index, "meteorology")} == {"lookup", "wipe", "t1"}
-
-
-def test_hidden_tools_are_not_searchable() -> None:
-    catalog = synthetic("s", {"name": "delete_all"}, {"name": "delete_one"}, hidden=["delete_all"])
-    index, _ = build([catalog])
-    assert ranked(index, "delete") == [("s", "delete_one")]
 
 
 def test_no_match_and_empty_query() -> None:
