@@ -63,19 +63,26 @@ def parse_client_line(line: bytes) -> SessionMessage | Refusal:
         message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
     except ValueError as exc:
         return _refuse(line, _first_error(exc))
-    if isinstance(message, types.JSONRPCNotification) and b'"id"' in line:
-        # An id of the wrong type (null, 1.5, an object) lets a request pass for a notification,
-        # which is never answered: the client would wait forever.
-        refusal = _refuse(line, "id: must be a string or an integer")
-        if refusal.reply is not None:
-            return refusal
-    if isinstance(message, types.JSONRPCResponse | types.JSONRPCError) and b'"method"' in line:
-        # A request whose params the models refused can still pass for a response if it also
-        # carries `result` or `error`; a response is never answered, so the client would wait.
-        refusal = _refuse(line, "a request (it has `method`) must not carry `result` or `error`")
+    detail = _misread(message, line)
+    if detail is not None:
+        refusal = _refuse(line, detail)
         if refusal.reply is not None:
             return refusal
     return SessionMessage(message)
+
+
+def _misread(message: types.JSONRPCMessage, line: bytes) -> str | None:
+    """Why a request may have passed for a message that is never answered (the client would
+    wait forever), or None.
+
+    An id of the wrong type (null, 1.5, an object) lets a request pass for a notification;
+    params the models refuse plus `result` or `error` let it pass for a response.
+    """
+    if isinstance(message, types.JSONRPCNotification) and b'"id"' in line:
+        return "id: must be a string or an integer"
+    if isinstance(message, types.JSONRPCResponse | types.JSONRPCError) and b'"method"' in line:
+        return "a request (it has `method`) must not carry `result` or `error`"
+    return None
 
 
 def _refuse(line: bytes, detail: str) -> Refusal:

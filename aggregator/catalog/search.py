@@ -67,7 +67,7 @@ from typing import Any
 from aggregator.catalog.lexicon import QueryTerm, query_terms
 from aggregator.catalog.model import Catalog, ToolEntry
 from aggregator.catalog.store import CatalogStore
-from aggregator.catalog.tokens import identifiers, is_cjk, is_identifier, stem, tokenize
+from aggregator.catalog.tokens import identifier, identifiers, is_cjk, is_identifier, stem, tokenize
 
 Postings = dict[int, float]  # document id → the term's best field weight in that document
 Tier = tuple[tuple[str, float], ...]  # vocabulary terms, each with a weight factor
@@ -246,6 +246,11 @@ def _grams(term: str) -> set[str]:
     if is_cjk(term):
         return set(term)
     return {term[i : i + 3] for i in range(len(term) - 2)}
+
+
+def _term_grams(term: str) -> set[str]:
+    """The grams a vocabulary term is filed under: none for an identifier, which matches only whole."""
+    return set() if is_identifier(term) else _grams(term)
 
 
 def annotation_tokens(annotations: Mapping[str, Any] | None) -> list[str]:
@@ -427,7 +432,7 @@ class ToolSearchIndex:
     def _own_fields(entry: ToolEntry) -> dict[str, list[str]]:
         return {
             "name": (name := tokenize(entry.name)),
-            "identifier": ["_".join(name)] if len(name) > 1 else [],
+            "identifier": [] if (whole := identifier(name)) is None else [whole],
             "title": tokenize(entry.title),
             "description": tokenize(entry.description),
             "params": _tokens_of(param_texts(entry.input_schema)),
@@ -499,7 +504,7 @@ class ToolSearchIndex:
 
     def _add_term(self, term: str) -> None:
         self._stems.setdefault(stem(term), set()).add(term)
-        for gram in () if is_identifier(term) else _grams(term):
+        for gram in _term_grams(term):
             self._grams.setdefault(gram, set()).add(term)
 
     def _remove_term(self, term: str) -> None:
@@ -507,7 +512,7 @@ class ToolSearchIndex:
         self._stems[key].discard(term)
         if not self._stems[key]:
             del self._stems[key]
-        for gram in () if is_identifier(term) else _grams(term):
+        for gram in _term_grams(term):
             terms = self._grams[gram]
             terms.discard(term)
             if not terms:
@@ -694,11 +699,11 @@ class ToolSearchIndex:
     def search_servers(self, query: str, servers: Iterable[str]) -> list[ServerHit]:
         """Upstreams among `servers` whose catalog is not loaded and whose name or metadata matches."""
         wanted = {self._card_ids[s] for s in servers if s in self._card_ids}
-        stats = self._query_groups(query)
-        if not stats or not wanted:
+        word_groups = self._query_groups(query)
+        if not word_groups or not wanted:
             return []
-        found = {d for g in stats for m in g for d in m.cards if d in wanted}
-        groups = [tuple((_Source(m.cards, 1.0, ()),) for m in g) for g in stats]
+        found = {d for g in word_groups for m in g for d in m.cards if d in wanted}
+        groups = [tuple((_Source(m.cards, 1.0, ()),) for m in g) for g in word_groups]
         scored = _bulk_scores(found, groups, self._p.lexicon_tie)
         hits = []
         for doc_id, score in _top(list(scored.items()), len(scored), self._docs):

@@ -23,6 +23,7 @@ stemming never widens the weaker tiers.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import lru_cache
 from itertools import chain
 
@@ -74,12 +75,17 @@ def tokenize(text: str | None) -> list[str]:
 _IDENTIFIER = re.compile(r"[^\W_]+(?:[_.-]+[^\W_]+)*")
 
 
+def identifier(tokens: Sequence[str]) -> str | None:
+    """Several tokens as one identifier token, joined by `_`; None for fewer than two."""
+    return "_".join(tokens) if len(tokens) > 1 else None
+
+
 def identifiers(text: str | None) -> list[str]:
     """Every identifier of several tokens in `text`, in order, as one token joined by `_`."""
     if not text:
         return []
-    joined = ("_".join(tokenize(word)) for word in _IDENTIFIER.findall(text))
-    return [token for token in joined if "_" in token]
+    joined = (identifier(tokenize(word)) for word in _IDENTIFIER.findall(text))
+    return [token for token in joined if token is not None]
 
 
 def is_identifier(token: str) -> bool:
