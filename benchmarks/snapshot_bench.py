@@ -291,7 +291,7 @@ async def _first_search_cpu(config: AggregatorConfig, data_dir: Path | None, que
     from mcp import ClientSession
     from mcp.shared.memory import create_client_server_memory_streams
 
-    from aggregator.server import AggregatorServer
+    from aggregator.proxy.server import AggregatorServer
 
     async with UpstreamPool.running(config, data_dir) as pool:
         server = AggregatorServer(pool, data_dir=Path(tempfile.mkdtemp()), max_result_bytes=config.max_result_bytes)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.commands.calls import parse_call_arguments
+from aggregator.cli.calls import parse_call_arguments
 from tests.conftest import aggregator_client, example, kit_upstream, structured, write_config
 from tests.test_cli import run_cli
 

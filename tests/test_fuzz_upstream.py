@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp_types.methods import validate_server_result
 
-from aggregator.exposure import build_direct_tools
 from aggregator.faults import Fault
-from aggregator.server import _call_result
+from aggregator.proxy.exposure import build_direct_tools
+from aggregator.proxy.server import _call_result
 from aggregator.upstream.pool import UpstreamPool
 from tests.conftest import kit_upstream
 from tests.test_pool import config_of

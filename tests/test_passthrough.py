@@ -25,8 +25,8 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 from aggregator.config import parse_config
-from aggregator.passthrough import Passthrough
-from aggregator.relay import Clients
+from aggregator.proxy.passthrough import Passthrough
+from aggregator.proxy.relay import Clients
 from aggregator.upstream.connection import raw_request
 from aggregator.upstream.pool import UpstreamPool
 from aggregator.upstream.session import RELAYABLE_CAPABILITIES

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aggregator.catalog.model import Catalog, clean_prompt, clean_resource, clean_resource_template
-from aggregator.exposure import MAX_NAME
-from aggregator.routing import BoundedMap, ResourceRouter, TaskRouter, build_prompt_table, result_uris
+from aggregator.proxy.exposure import MAX_NAME
+from aggregator.proxy.routing import BoundedMap, ResourceRouter, TaskRouter, build_prompt_table, result_uris
 
 
 def catalog(server: str, prompts: list[str] = (), resources: list[str] = (), templates: list[str] = ()) -> Catalog:  # type: ignore[assignment]

@@ -35,7 +35,7 @@ from mcp.shared.message import SessionMessage
 
 from aggregator.config import UpstreamConfig
 from aggregator.log import get_logger, redact_text
-from aggregator.upstream.inbound import parse_upstream_line
+from aggregator.upstream.server_messages import parse_upstream_line
 from aggregator.wire import LineSplitter, MessageTooLarge, encode
 
 log = get_logger(__name__)

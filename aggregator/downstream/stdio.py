@@ -12,7 +12,7 @@ While serving, fd 0 reads from the null device and fd 1 goes to stderr (the
 wire uses private duplicates): a stray `print()` or a child that inherits our
 descriptors can never corrupt the protocol stream.
 
-What the client sends is checked line by line (`inbound`): a line that is not a
+What the client sends is checked line by line (`client_messages`): a line that is not a
 valid request is answered with the JSON-RPC error it deserves, an oversized one
 is skipped, and the session goes on. At most `max_in_flight` requests are with
 the server at once and as many more wait in a backlog; past that, stdin is not
@@ -40,7 +40,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
-from aggregator.inbound import (
+from aggregator.downstream.client_messages import (
     SHUTTING_DOWN,
     Oversized,
     Refusal,

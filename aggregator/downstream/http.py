@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from aggregator.log import get_logger
-from aggregator.server import AggregatorServer
+from aggregator.proxy.server import AggregatorServer
 
 log = get_logger(__name__)
 

@@ -1,5 +1,6 @@
 """Command line: `aggregator serve`, `aggregator list-upstreams`, `aggregator search`, `aggregator refresh`,
-and the commands of `aggregator.commands` (tools, describe, call, doctor, import, install, uninstall).
+and the commands of its sibling modules (`calls`: tools, describe, call; `clients`: import, install, uninstall;
+`doctor`).
 
 Every command loads the config the same way (DESIGN §1); a broken config
 prints one line naming the file, the key and the fix, and exits with code 2.
@@ -23,10 +24,10 @@ import anyio
 
 from aggregator import __version__
 from aggregator.catalog.model import age_text
-from aggregator.commands import register_commands
+from aggregator.cli import calls, clients, doctor
+from aggregator.cli.progress import progress_line
 from aggregator.config import AggregatorConfig, ConfigError, load_config
 from aggregator.log import configure_logging, get_logger, register_secrets
-from aggregator.progress import progress_line
 from aggregator.settings import Settings, load_settings, resolve_data_dir
 from aggregator.table import render_table
 
@@ -88,12 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     refresh.add_argument("--json", action="store_true", help="print JSON instead of a table")
     for command in (upstreams, search, refresh):
         command.add_argument("--data-dir", type=Path, help="where catalog snapshots live")
-    register_commands(sub, common)  # tools, describe, call, doctor, import, install, uninstall
+    _register_commands(sub, common)  # tools, describe, call, doctor, import, install, uninstall
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from aggregator.stdio import plug_standard_fds
+    from aggregator.downstream.stdio import plug_standard_fds
 
     plug_standard_fds()  # before anything opens a file: `serve <&-` must not read from a stray descriptor
     parser = build_parser()
@@ -163,8 +164,8 @@ def _backend_options() -> dict[str, Any]:
 
 
 async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    from aggregator.http import HttpConfigError, HttpLimits, bind_socket, build_app, check_bind, serve_http
-    from aggregator.server import AggregatorServer
+    from aggregator.downstream.http import HttpConfigError, HttpLimits, bind_socket, build_app, check_bind, serve_http
+    from aggregator.proxy.server import AggregatorServer
     from aggregator.upstream.pool import UpstreamPool
 
     data_dir = resolve_data_dir(args.data_dir, settings)
@@ -210,7 +211,7 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
 
 
 async def _serve_stdio(server: Any, settings: Settings) -> None:
-    from aggregator.stdio import StdioLimits, stdio_streams
+    from aggregator.downstream.stdio import StdioLimits, stdio_streams
 
     limits = StdioLimits(max_in_flight=settings.max_in_flight, drain_seconds=settings.drain_seconds)
     async with stdio_streams(limits) as (read, write):
@@ -388,3 +389,11 @@ def _data_dir(args: argparse.Namespace, settings: Settings) -> Path:
 if __name__ == "__main__":  # pragma: no cover
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     sys.exit(main())
+
+
+def _register_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Each sibling module's ``register(sub, common)`` adds its subparsers and sets ``handler`` (an async
+    ``(args, config, settings) -> exit code`` run with the loaded config) or ``standalone`` (an async
+    ``(args, settings) -> exit code`` that reads the config itself, e.g. to report on a broken one)."""
+    for module in (calls, clients, doctor):
+        module.register(sub, common)

@@ -28,8 +28,8 @@ from typing import Any, Generic, TypeVar
 from mcp.shared.uri_template import UriTemplate
 
 from aggregator.catalog.model import Catalog, PromptEntry
-from aggregator.exposure import exposed_name
 from aggregator.log import get_logger
+from aggregator.proxy.exposure import exposed_name
 
 log = get_logger(__name__)
 

@@ -1,4 +1,4 @@
-"""Fast checks of `aggregator.inbound`: what a client's line becomes (the real-process ones are in
+"""Fast checks of `aggregator.downstream.client_messages`: what a client's line becomes (the real-process ones are in
 test_downstream_faults.py and test_fuzz_downstream.py)."""
 
 from __future__ import annotations
@@ -9,7 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mcp.shared.message import SessionMessage
 
-from aggregator.inbound import Oversized, Refusal, SkippingLineSplitter, parse_client_line, top_level_id
+from aggregator.downstream.client_messages import (
+    Oversized,
+    Refusal,
+    SkippingLineSplitter,
+    parse_client_line,
+    top_level_id,
+)
 
 
 @given(st.binary(max_size=300))

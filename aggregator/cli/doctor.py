@@ -21,13 +21,13 @@ from urllib.parse import urlsplit
 
 import anyio
 
+from aggregator.cli.progress import progress_line
 from aggregator.config import AggregatorConfig, ConfigError, UpstreamConfig, parse_config
 from aggregator.config.clients import Places, client_files, read_client_file
 from aggregator.config.expand import required_variables
 from aggregator.config.files import config_lookup, read_text
 from aggregator.config.importing import everything_set, is_aggregator_entry
 from aggregator.config.load import load_config, written_servers
-from aggregator.progress import progress_line
 from aggregator.settings import Settings, resolve_data_dir
 
 __all__ = ["register"]

@@ -3,7 +3,7 @@
 One low-level `mcp.server.Server` serves the aggregator's own tools (package
 `aggregator`) plus the directly exposed upstream tools, and hands the rest of
 the protocol (prompts, resources, completions, logging, tasks, and the
-upstreams' requests to the client) to `aggregator.passthrough`. Requests flow
+upstreams' requests to the client) to `aggregator.proxy.passthrough`. Requests flow
 client → here → a tool family or the pass-through → catalog or upstream pool →
 one upstream.
 """
@@ -35,11 +35,11 @@ from aggregator import __version__
 from aggregator.catalog.caps import capped_text
 from aggregator.catalog.model import Catalog
 from aggregator.catalog.search import ToolSearchIndex
-from aggregator.exposure import DirectTool, build_direct_tools
 from aggregator.faults import Fault
 from aggregator.log import get_logger, redact_text
-from aggregator.passthrough import Passthrough, for_era, passthrough_meta
-from aggregator.relay import Clients
+from aggregator.proxy.exposure import DirectTool, build_direct_tools
+from aggregator.proxy.passthrough import Passthrough, for_era, passthrough_meta
+from aggregator.proxy.relay import Clients
 from aggregator.tools.base import OwnTool, ToolContext, fault_result, text_result
 from aggregator.tools.catalog import CatalogTools
 from aggregator.tools.introspection import introspection_tools

@@ -1,8 +1,8 @@
 """Everything besides tools, passed through (DESIGN §2.6): the client → upstream direction.
 
 Downstream handlers for prompts, resources, completions, logging and tasks.
-Routing decisions live in `aggregator.routing`; the upstream → client direction
-(sampling, elicitation, roots, notifications) in `aggregator.relay`; this
+Routing decisions live in `aggregator.proxy.routing`; the upstream → client direction
+(sampling, elicitation, roots, notifications) in `aggregator.proxy.relay`; this
 module moves requests.
 """
 
@@ -23,8 +23,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from aggregator.catalog.model import Catalog, ResourceEntry, ResourceTemplateEntry
 from aggregator.faults import Fault
 from aggregator.log import get_logger
-from aggregator.relay import Clients, Relay
-from aggregator.routing import ExposedPrompt, ResourceRouter, TaskRouter, build_prompt_table
+from aggregator.proxy.relay import Clients, Relay
+from aggregator.proxy.routing import ExposedPrompt, ResourceRouter, TaskRouter, build_prompt_table
 from aggregator.upstream.pool import UpstreamPool
 
 log = get_logger(__name__)

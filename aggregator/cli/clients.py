@@ -17,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from aggregator.cli.progress import progress_line
 from aggregator.config import ConfigError, find_config_path, parse_config, user_config_file
 from aggregator.config.clients import (
     CLIENTS,
@@ -42,7 +43,6 @@ from aggregator.config.installing import (
 from aggregator.config.load import written_servers
 from aggregator.config.models import RESERVED_NAME
 from aggregator.config.roundtrip import backup, merge_servers_yaml, write_atomic
-from aggregator.progress import progress_line
 from aggregator.settings import Settings
 from aggregator.table import render_table
 
