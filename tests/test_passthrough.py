@@ -27,7 +27,7 @@ from mcp.shared.exceptions import MCPError
 from aggregator.config import parse_config
 from aggregator.proxy.passthrough import Passthrough
 from aggregator.proxy.relay import Clients
-from aggregator.upstream.connection import raw_request
+from aggregator.sdk import raw_request
 from aggregator.upstream.pool import UpstreamPool
 from aggregator.upstream.session import RELAYABLE_CAPABILITIES
 from tests.conftest import aggregator_client, aggregator_env, kit_upstream, structured, write_config

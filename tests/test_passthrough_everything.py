@@ -23,7 +23,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from aggregator.upstream.connection import raw_request
+from aggregator.sdk import raw_request
 from tests.conftest import ROOT, aggregator_client, aggregator_env, structured, write_config
 from tests.test_official_servers import NODE_DIR, TIMEOUTS, call, direct_session, everything, node_server
 from tests.test_serve_http import http_aggregator

@@ -27,6 +27,7 @@ from mcp.shared.subscriptions import ResourceUpdated
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from aggregator.proxy.routing import TaskRouter
+from aggregator.sdk import client_connection, request_sender
 from aggregator.upstream.pool import UpstreamPool
 from aggregator.upstream.session import RELAYABLE_CAPABILITIES
 
@@ -115,13 +116,15 @@ class Relay:
 
     def _target(self, origins: Sequence[Any]) -> tuple[Connection, Any] | str:
         """The client to ask and the stream to ask it on (its in-flight request's own), or why none can be told."""
-        callers = [o for o in origins if isinstance(o, ServerRequestContext) and hasattr(o.session, "_connection")]
-        clients = {id(caller.session._connection) for caller in callers}  # type: ignore[attr-defined]
+        callers = [
+            o for o in origins if isinstance(o, ServerRequestContext) and client_connection(o.session) is not None
+        ]
+        clients = {id(client_connection(caller.session)) for caller in callers}
         if len(clients) > 1:
             return "requests of several clients are in flight to it; the aggregator cannot tell which client"
         if callers:
             session = callers[-1].session
-            return session._connection, session._request_outbound.send_raw_request  # type: ignore[attr-defined]
+            return client_connection(session), request_sender(session)
         legacy = self.clients.legacy()
         if len(legacy) != 1:
             return f"outside a call, with {len(legacy)} clients connected; the aggregator cannot tell which client"

@@ -20,7 +20,6 @@ import anyio
 import anyio.abc
 import mcp.types as types
 from mcp.server import Server
-from mcp.server._otel import OpenTelemetryMiddleware
 from mcp.server.caching import CacheHint
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
@@ -40,6 +39,7 @@ from aggregator.log import get_logger, redact_text
 from aggregator.proxy.exposure import DirectTool, build_direct_tools
 from aggregator.proxy.passthrough import Passthrough, for_era, passthrough_meta
 from aggregator.proxy.relay import Clients
+from aggregator.sdk import without_tracing
 from aggregator.tools.base import OwnTool, ToolContext, fault_result, text_result
 from aggregator.tools.catalog import CatalogTools
 from aggregator.tools.introspection import introspection_tools
@@ -171,9 +171,7 @@ class AggregatorServer:
         # The SDK wraps every request in an OpenTelemetry span; without a configured tracer that is pure
         # per-call cost on the proxy's hot path, so keep it only when the operator asked for tracing.
         if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-            self.lowlevel.middleware = [
-                m for m in self.lowlevel.middleware if not isinstance(m, OpenTelemetryMiddleware)
-            ]
+            self.lowlevel.middleware = without_tracing(self.lowlevel.middleware)
         self.lowlevel.middleware.append(self._track_session)
         for name, catalog in pool.store.loaded().items():  # snapshots: listed before anything starts
             self._on_catalog(name, catalog)

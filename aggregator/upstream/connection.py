@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -44,6 +44,7 @@ from aggregator.catalog.store import CatalogStore
 from aggregator.config import UpstreamConfig
 from aggregator.faults import Fault
 from aggregator.log import get_logger, redact_text
+from aggregator.sdk import ProgressFn, raw_notify, raw_request
 from aggregator.upstream.session import Downstream, NoDownstream, UpstreamSession
 from aggregator.upstream.transports import TOO_LARGE, StderrTail, TransportHandle, open_transport
 
@@ -56,7 +57,6 @@ STDERR_SETTLE_SECONDS = 0.2  # how long a failure waits for the dead upstream's 
 REFRESH_MIN_INTERVAL = 1.0  # between two listings caused by list_changed ...
 REFRESH_MAX_INTERVAL = 30.0  # ... doubling up to this while the listings find nothing new
 
-ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 _NO_DOWNSTREAM = NoDownstream()
 
 
@@ -262,7 +262,7 @@ class UpstreamConnection:
         """Send a notification if the upstream runs (a stopped one learns everything at its next start)."""
         run = self._run
         if self.state is State.READY and run is not None and run.session is not None:
-            await run.session._dispatcher.notify(method, dict(params) if params else None)
+            await raw_notify(run.session, method, dict(params) if params else None)
 
     async def _park(self, run: _Run, handle: TransportHandle) -> None:
         """Wait until the upstream's stdout ends (stdio) or someone wakes us (crash seen, stop)."""
@@ -494,30 +494,6 @@ class UpstreamConnection:
     def detach_store(self) -> None:
         """A replacement serves this name now: keep this connection's catalogs to itself from here on."""
         self._store = CatalogStore()
-
-
-async def raw_request(
-    session: ClientSession,
-    method: str,
-    params: dict[str, Any] | None,
-    progress: ProgressFn | None = None,
-) -> dict[str, Any]:
-    """Send a request and return the raw result dict, with no result validation.
-
-    `ClientSession.send_request` validates results against the protocol models:
-    one malformed tool would fail a whole `tools/list`, and a proxy must pass
-    `tools/call` results through untouched. The dispatcher's raw request skips
-    that; the session's stamp still adds what the negotiated era needs.
-    """
-    data: dict[str, Any] = {"method": method}
-    if params is not None:
-        data["params"] = params
-    opts: dict[str, Any] = {}
-    session._stamp(data, opts)  # type: ignore[arg-type]
-    if progress is not None:
-        opts["on_progress"] = progress
-    result = await session._dispatcher.send_raw_request(method, data.get("params"), opts)  # type: ignore[arg-type]
-    return dict(result)
 
 
 async def _list_all(session: ClientSession, method: str, key: str) -> list[Any]:

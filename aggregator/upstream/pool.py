@@ -31,7 +31,8 @@ from aggregator.config import AggregatorConfig, ToolFilter
 from aggregator.config.watch import watch_config
 from aggregator.faults import Fault
 from aggregator.log import get_logger, register_secrets
-from aggregator.upstream.connection import ProgressFn, State, UpstreamConnection
+from aggregator.sdk import ProgressFn
+from aggregator.upstream.connection import State, UpstreamConnection
 from aggregator.upstream.session import Downstream, NoDownstream
 
 log = get_logger(__name__)

@@ -30,11 +30,11 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.client.sse import sse_client
 from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.shared.message import SessionMessage
 
 from aggregator.config import UpstreamConfig
 from aggregator.log import get_logger, redact_text
+from aggregator.sdk import HTTP_TIMEOUT_SECONDS, SSE_READ_TIMEOUT_SECONDS
 from aggregator.upstream.server_messages import parse_upstream_line
 from aggregator.wire import LineSplitter, MessageTooLarge, encode
 
@@ -224,7 +224,7 @@ def capped_http_client(
 ) -> httpx2.AsyncClient:
     """The SDK's HTTP client, refusing any message over `limit` bytes as it streams in."""
     if timeout is None:  # the SDK's defaults, as create_mcp_http_client has them
-        timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
+        timeout = httpx2.Timeout(HTTP_TIMEOUT_SECONDS, read=SSE_READ_TIMEOUT_SECONDS)
     return httpx2.AsyncClient(headers=headers, timeout=timeout, auth=auth, transport=_CappedTransport(limit, overflow))
 
 

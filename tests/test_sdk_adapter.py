@@ -1,0 +1,108 @@
+"""Each SDK internal that `aggregator.sdk` reaches, exercised for real over an in-memory connection.
+
+If an SDK upgrade renames or reshapes one of them, the test named after it fails here, with the
+internal's name in the message, instead of a proxy feature failing somewhere far away.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import mcp.types as types
+import pytest
+from mcp import ClientSession
+from mcp.server import Server, ServerRequestContext
+from mcp.shared.memory import create_client_server_memory_streams
+
+from aggregator import sdk
+
+
+async def _run(server: Server[Any], body: Any, **client_kwargs: Any) -> None:
+    """Serve `server` in memory, open a legacy-era ClientSession on it, and run `body(session)`."""
+    async with (
+        create_client_server_memory_streams() as (client_streams, server_streams),
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(lambda: server.run(*server_streams, server.create_initialization_options()))
+        async with ClientSession(*client_streams, **client_kwargs) as session:
+            await session.initialize()
+            with anyio.fail_after(10):
+                await body(session)
+        tg.cancel_scope.cancel()
+
+
+async def test_raw_request_returns_the_result_unvalidated() -> None:
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[types.Tool(name="t", input_schema={"type": "object"})])
+
+    server: Server[Any] = Server("s", on_list_tools=list_tools)
+    got: dict[str, Any] = {}
+
+    async def body(session: ClientSession) -> None:
+        got.update(await sdk.raw_request(session, "tools/list", None))
+
+    await _run(server, body)
+    assert isinstance(got.get("tools"), list), "ClientSession._stamp/_dispatcher.send_raw_request changed"
+    assert got["tools"][0]["name"] == "t"
+    assert got["tools"][0]["inputSchema"] == {"type": "object"}  # wire shape, not a model
+
+
+async def test_raw_notify_sends_any_notification() -> None:
+    heard = anyio.Event()
+
+    async def roots_changed(ctx: Any, params: Any) -> None:
+        heard.set()
+
+    server: Server[Any] = Server("s")
+    server.add_notification_handler("notifications/roots/list_changed", types.NotificationParams, roots_changed)
+
+    async def body(session: ClientSession) -> None:
+        await sdk.raw_notify(session, "notifications/roots/list_changed", None)
+        await heard.wait()
+
+    await _run(server, body)
+    assert heard.is_set(), "ClientSession._dispatcher.notify changed"
+
+
+async def test_client_connection_and_request_sender_reach_the_calling_client() -> None:
+    seen: dict[str, Any] = {}
+
+    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        seen["connection"] = sdk.client_connection(ctx.session)
+        sampled = await sdk.request_sender(ctx.session)(
+            "sampling/createMessage",
+            {"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}], "maxTokens": 5},
+            {"timeout": 5},
+        )
+        seen["sampled"] = sampled
+        return types.CallToolResult(content=[])
+
+    async def sampling(ctx: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        return types.CreateMessageResult(role="assistant", content=types.TextContent(type="text", text="yo"), model="m")
+
+    server: Server[Any] = Server("s", on_call_tool=call_tool)
+
+    async def body(session: ClientSession) -> None:
+        await sdk.raw_request(session, "tools/call", {"name": "x", "arguments": {}})
+
+    await _run(server, body, sampling_callback=sampling)
+    assert seen["connection"] is not None, "ServerSession._connection changed"
+    assert seen["sampled"]["content"]["text"] == "yo", "ServerSession._request_outbound.send_raw_request changed"
+
+
+def test_client_connection_of_something_else_is_none() -> None:
+    assert sdk.client_connection(object()) is None
+
+
+def test_without_tracing_removes_only_the_sdk_span() -> None:
+    server: Server[Any] = Server("s")
+    before = list(server.middleware)
+    kept = sdk.without_tracing(before)
+    assert len(kept) == len(before) - 1, "the low-level Server no longer adds mcp.server._otel.OpenTelemetryMiddleware"
+
+
+def test_http_timeouts_match_the_sdk_defaults() -> None:
+    utils = pytest.importorskip("mcp.shared._httpx_utils")
+    assert sdk.HTTP_TIMEOUT_SECONDS == utils.MCP_DEFAULT_TIMEOUT
+    assert sdk.SSE_READ_TIMEOUT_SECONDS == utils.MCP_DEFAULT_SSE_READ_TIMEOUT
