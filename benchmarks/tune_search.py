@@ -35,9 +35,9 @@ from typing import Any
 
 from search_quality import DATA_DIR, bm25_rankings, build_index, evaluate, load_dataset, rank_ours, sample, target_ratio
 
-import aggregator.catalog.search as search_module
+import aggregator.catalog.search.index as search_module
 from aggregator.catalog.search import DEFAULT_PARAMS, RankingParams
-from aggregator.catalog.tokens import tokenize
+from aggregator.catalog.search.tokens import tokenize
 
 # Every setting re-indexes the same texts: tokenise each text once per run.
 search_module.tokenize = lru_cache(maxsize=None)(tokenize)  # type: ignore[assignment]

@@ -26,7 +26,7 @@ sum is the same however the catalogs were loaded) of
     query weight × idf(tier) × tier factor × w(best matching vocabulary term)
 
 - query weight: 1 for a word of the query, less for a stop word and for a word
-  the tool lexicon adds (`lexicon.py`).
+  the tool lexicon adds (`query.py`).
 - tier: the quality of the match of the query term with a vocabulary term:
   exact (equal token) > stem (equal Snowball stem) > prefix > substring. Prefix
   and substring need a query token of at least 3 characters (one for Han/kana).
@@ -64,10 +64,10 @@ from itertools import chain
 from operator import itemgetter
 from typing import Any
 
-from aggregator.catalog.lexicon import QueryTerm, query_terms
 from aggregator.catalog.model import Catalog, ToolEntry
+from aggregator.catalog.search.query import QueryTerm, query_terms
+from aggregator.catalog.search.tokens import identifier, identifiers, is_cjk, is_identifier, stem, tokenize
 from aggregator.catalog.store import CatalogStore
-from aggregator.catalog.tokens import identifier, identifiers, is_cjk, is_identifier, stem, tokenize
 
 Postings = dict[int, float]  # document id → the term's best field weight in that document
 Tier = tuple[tuple[str, float], ...]  # vocabulary terms, each with a weight factor
