@@ -17,10 +17,12 @@ import mcp.types as types
 
 from aggregator.catalog.search import ToolSearchIndex
 from aggregator.config import AggregatorConfig
+from aggregator.faults import Fault
 from aggregator.settings import Settings, resolve_data_dir
 from aggregator.table import render_table
-from aggregator.tools.base import ToolContext, ToolResult
+from aggregator.tools.base import ToolContext, ToolResult, fault_result
 from aggregator.tools.catalog import LIST_LIMIT_MAX, CatalogTools
+from aggregator.upstream.auth import cli_authenticator
 from aggregator.upstream.pool import UpstreamPool
 
 __all__ = ["parse_call_arguments", "register"]
@@ -69,7 +71,8 @@ def _family(pool: UpstreamPool, config: AggregatorConfig) -> CatalogTools:
 
 
 async def _tools(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    async with UpstreamPool.running(config, resolve_data_dir(None, settings)) as pool:
+    data_dir = resolve_data_dir(None, settings)
+    async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         family = _family(pool, config)
         if args.server is None:
             result = _model(await family.list_servers({}, ToolContext()))
@@ -112,7 +115,8 @@ def _tools_table(payload: Mapping[str, Any]) -> str:
 
 
 async def _describe(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    async with UpstreamPool.running(config, resolve_data_dir(None, settings)) as pool:
+    data_dir = resolve_data_dir(None, settings)
+    async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         family = _family(pool, config)
         result = _model(await family.describe_tool({"server": args.server, "tool": args.tool}, ToolContext()))
     return _print_payload(result, args.json, _description_text)
@@ -136,11 +140,17 @@ def _description_text(payload: Mapping[str, Any]) -> str:
 
 
 async def _call(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    async with UpstreamPool.running(config, resolve_data_dir(None, settings)) as pool:
+    data_dir = resolve_data_dir(None, settings)
+    async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         family = _family(pool, config)
         schema: Mapping[str, Any] = {}
         if args.pairs:  # the schema says which values stay strings; the describe path proves the tool exists
-            described = _model(await family.describe_tool({"server": args.server, "tool": args.tool}, ToolContext()))
+            try:
+                described = _model(
+                    await family.describe_tool({"server": args.server, "tool": args.tool}, ToolContext())
+                )
+            except Fault as fault:  # e.g. the upstream could not start and has no snapshot
+                described = fault_result(fault)
             if described.is_error:
                 return _print_payload(described, args.json, _description_text)
             schema = _structured(described)["input_schema"]

@@ -24,7 +24,7 @@ import anyio
 
 from aggregator import __version__
 from aggregator.catalog.model import age_text
-from aggregator.cli import calls, clients, doctor
+from aggregator.cli import auth, calls, clients, doctor
 from aggregator.cli.progress import progress_line
 from aggregator.config import AggregatorConfig, ConfigError, load_config
 from aggregator.log import configure_logging, get_logger, register_secrets
@@ -231,9 +231,11 @@ async def _stop_on_signal(scope: anyio.CancelScope) -> None:
 
 
 async def _list_upstreams(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
+    from aggregator.upstream.auth import cli_authenticator
     from aggregator.upstream.pool import UpstreamPool
 
-    async with UpstreamPool.running(config, _data_dir(args, settings)) as pool:
+    data_dir = _data_dir(args, settings)
+    async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         started = time.monotonic()
         if args.probe:
             with progress_line("probing upstreams", len(pool.upstream_names())) as advance:
@@ -395,5 +397,5 @@ def _register_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     """Each sibling module's ``register(sub, common)`` adds its subparsers and sets ``handler`` (an async
     ``(args, config, settings) -> exit code`` run with the loaded config) or ``standalone`` (an async
     ``(args, settings) -> exit code`` that reads the config itself, e.g. to report on a broken one)."""
-    for module in (calls, clients, doctor):
+    for module in (auth, calls, clients, doctor):
         module.register(sub, common)

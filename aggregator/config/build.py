@@ -23,6 +23,7 @@ from aggregator.config.models import (
     UpstreamConfig,
 )
 from aggregator.config.shapes import (
+    AUTH_KEYS,
     EXAMPLE_HINT,
     FIX_HINTS,
     SERVER_SECTIONS,
@@ -262,6 +263,14 @@ def _build_upstream(
         snapshots=raw.snapshots if raw.snapshots is not None else defaults.snapshots,
         snapshot_max_age=raw.snapshot_max_age if raw.snapshot_max_age is not None else defaults.snapshot_max_age,
         max_message_bytes=raw.max_message_bytes if raw.max_message_bytes is not None else defaults.max_message_bytes,
+        auth=raw.auth,
+        scopes=list(dict.fromkeys(raw.scopes)),
+        client_id=expand.optional(raw.client_id, ("client_id",)),
+        client_secret=expand.optional(raw.client_secret, ("client_secret",)),
+        client_metadata_url=expand.optional(raw.client_metadata_url, ("client_metadata_url",)),
+        client_private_key=expand.optional(raw.client_private_key, ("client_private_key",)),
+        client_signing_algorithm=raw.client_signing_algorithm,
+        issuer=expand.optional(raw.issuer, ("issuer",)),
     )
 
 
@@ -286,6 +295,14 @@ def _check_endpoint(raw: RawUpstream, url: str | None, url_key: str, path: KeyPa
                     (*path, key),
                     f"{key} applies only to a server started with command",
                     f"remove {key}, or start the server with command:",
+                )
+    if raw.command is not None:
+        for key in AUTH_KEYS:
+            if getattr(raw, key):
+                raise ctx.error(
+                    (*path, key),
+                    f"{key} applies only to a remote server (url)",
+                    f"remove {key}, or reach the server by url:",
                 )
     if raw.command is not None and raw.headers:
         raise ctx.error(

@@ -45,6 +45,7 @@ from aggregator.config import UpstreamConfig
 from aggregator.faults import Fault
 from aggregator.log import get_logger, redact_text
 from aggregator.sdk import ProgressFn, raw_notify, raw_request
+from aggregator.upstream.auth import Authenticator, describe_auth_error
 from aggregator.upstream.session import Downstream, NoDownstream, UpstreamSession
 from aggregator.upstream.transports import TOO_LARGE, StderrTail, TransportHandle, open_transport
 
@@ -88,8 +89,10 @@ class UpstreamConnection:
         store: CatalogStore,
         task_group: anyio.abc.TaskGroup,
         downstream: Callable[[], Downstream] = lambda: _NO_DOWNSTREAM,
+        authenticator: Authenticator | None = None,
     ) -> None:
         self.config = config
+        self._authenticator = authenticator or Authenticator()
         self.name = config.name
         self._store = store
         self._tg = task_group
@@ -167,7 +170,9 @@ class UpstreamConnection:
             run.scope.deadline = anyio.current_time() + self.config.timeouts.connect
             with run.scope:
                 async with AsyncExitStack() as stack:
-                    handle = run.handle = await stack.enter_async_context(open_transport(self.config, self.stderr))
+                    handle = run.handle = await stack.enter_async_context(
+                        open_transport(self.config, self.stderr, self._authenticator.auth_for(self.config))
+                    )
                     session = await stack.enter_async_context(self._new_session(run, handle))
                     init = await session.initialize()
                     self.server_info = init.server_info
@@ -523,7 +528,9 @@ def _describe_start_error(exc: BaseException, conn: UpstreamConnection) -> str:
     """One line saying why a start failed, with the tail of the child's stderr."""
     leaves = list(_leaf_exceptions(exc))
     first = leaves[0] if leaves else exc
-    if isinstance(first, TimeoutError):
+    if (signing_in := describe_auth_error(first)) is not None:
+        what = signing_in
+    elif isinstance(first, TimeoutError):
         what = f"no handshake within {conn.config.timeouts.connect:g}s"
     elif isinstance(first, FileNotFoundError | NotADirectoryError) and not _is_dir(conn.config.cwd):
         what = f"working directory not found: {conn.config.cwd}"

@@ -32,6 +32,7 @@ from aggregator.config.watch import watch_config
 from aggregator.faults import Fault
 from aggregator.log import get_logger, register_secrets
 from aggregator.sdk import ProgressFn
+from aggregator.upstream.auth import Authenticator, TokenStore
 from aggregator.upstream.connection import State, UpstreamConnection
 from aggregator.upstream.session import Downstream, NoDownstream
 
@@ -61,20 +62,39 @@ class UpstreamStatus:
 
 
 def secret_values(config: AggregatorConfig) -> list[str]:
-    """Every configured value that may be a secret: upstream env and header values."""
+    """Every configured value that may be a secret: upstream env and header values, OAuth client secrets."""
     return [
         value
         for upstream in config.upstreams.values()
-        for value in (*upstream.env.values(), *upstream.headers.values())
+        for value in (
+            *upstream.env.values(),
+            *upstream.headers.values(),
+            upstream.client_secret,
+            upstream.client_private_key,
+        )
+        if value is not None
     ]
 
 
 class UpstreamPool:
     """Implements `aggregator.catalog.source.CatalogSource` over real connections."""
 
-    def __init__(self, config: AggregatorConfig, task_group: anyio.abc.TaskGroup, data_dir: Path | None = None) -> None:
-        """`data_dir`: where catalog snapshots live; None keeps no snapshots at all."""
+    def __init__(
+        self,
+        config: AggregatorConfig,
+        task_group: anyio.abc.TaskGroup,
+        data_dir: Path | None = None,
+        authenticator: Authenticator | None = None,
+    ) -> None:
+        """`data_dir`: where catalog snapshots (and OAuth tokens) live; None keeps none on disk.
+
+        `authenticator`: how remote upstreams sign in; by default from the data dir's token
+        store, and never interactively (a needed sign-in fails at once, naming the command).
+        """
         self.config = config
+        self.authenticator = authenticator or Authenticator(
+            TokenStore.in_data_dir(data_dir) if data_dir else TokenStore(None)
+        )
         register_secrets(secret_values(config))
         self.snapshots = SnapshotDir(data_dir) if data_dir is not None else None
         self._fingerprints = {
@@ -86,7 +106,7 @@ class UpstreamPool:
         self.downstream: Downstream = NoDownstream()  # the server installs itself here
         self.on_call_result: Callable[[str, Any], None] = lambda server, result: None
         self._connections = {
-            name: UpstreamConnection(upstream, self._store, task_group, lambda: self.downstream)
+            name: UpstreamConnection(upstream, self._store, task_group, lambda: self.downstream, self.authenticator)
             for name, upstream in config.upstreams.items()
         }
         self._by_folded = {name.casefold(): name for name in self._connections}
@@ -105,7 +125,12 @@ class UpstreamPool:
     @classmethod
     @asynccontextmanager
     async def running(
-        cls, config: AggregatorConfig, data_dir: Path | None = None, *, watch: Path | None = None
+        cls,
+        config: AggregatorConfig,
+        data_dir: Path | None = None,
+        *,
+        watch: Path | None = None,
+        authenticator: Authenticator | None = None,
     ) -> AsyncIterator[UpstreamPool]:
         """A pool whose upstreams are all stopped (process groups included) on exit.
 
@@ -113,7 +138,7 @@ class UpstreamPool:
         file (and SIGHUP) are applied while it runs (`apply_config`).
         """
         async with anyio.create_task_group() as tg:
-            pool = cls(config, tg, data_dir)
+            pool = cls(config, tg, data_dir, authenticator)
             try:
                 pool._start_eager()
                 if watch is not None:
@@ -317,7 +342,7 @@ class UpstreamPool:
         fresh = [*diff.added, *diff.changed]
         for name in fresh:
             self._connections[name] = UpstreamConnection(
-                config.upstreams[name], self._store, self._tg, lambda: self.downstream
+                config.upstreams[name], self._store, self._tg, lambda: self.downstream, self.authenticator
             )
             if self.snapshots is not None and config.upstreams[name].snapshots:
                 self._fingerprints[name] = fingerprint(config.upstreams[name])
