@@ -24,6 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
+from aggregator.config import ConfigError, parse_config
 from aggregator.proxy.relay import MAX_RELAYED_PER_CLIENT
 from aggregator.sdk import raw_request
 from tests.conftest import (
@@ -357,3 +358,25 @@ async def test_a_reload_lets_every_kind_of_request_in_flight_finish(tmp_path: Pa
                 s["name"] for s in structured(await session.call_tool("catalog_list_servers", {}))["servers"]
             }:
                 await anyio.sleep(0.2)
+
+
+# ---------------------------------------------------------------- the `sessions:` key
+
+
+def test_sessions_default_per_client_for_http_and_sse_shared_for_stdio() -> None:
+    config = parse_config(
+        """
+        upstreams:
+          web: {url: "http://127.0.0.1:1/mcp"}
+          old: {url: "http://127.0.0.1:1/sse", transport: sse}
+          one: {url: "http://127.0.0.1:1/mcp", sessions: shared}
+          cli: {command: x}
+          own: {command: x, sessions: per-client}
+        """,
+        "/cfg/aggregator.yaml",
+    )
+    per_client = {name: upstream.per_client_sessions for name, upstream in config.upstreams.items()}
+    assert per_client == {"cli": False, "old": True, "one": False, "own": True, "web": True}
+    with pytest.raises(ConfigError) as bad:
+        parse_config("upstreams: {a: {command: x, sessions: each}}", "/cfg/aggregator.yaml")
+    assert bad.value.key == "upstreams.a.sessions" and "sessions: per-client" in bad.value.fix

@@ -166,12 +166,19 @@ class Passthrough:
         subscribers = self._subscribers.get(uri)
         if subscribers is not None and connection is not None:
             subscribers.discard(connection)
-        if subscribers:  # another client still listens: keep the upstream's subscription
+        if subscribers and not self._own_session(uri, ctx):  # another client listens on the shared session
             return {}
         self._subscribers.pop(uri, None)
         return await self.forward(
             self._resource_owner(uri), "resources/unsubscribe", {**passthrough_meta(ctx), "uri": uri}, ctx
         )
+
+    def _own_session(self, uri: str, ctx: ServerRequestContext[Any]) -> bool:
+        """True if the caller reaches the owner of `uri` on an upstream session of its own (docs/isolation.md)."""
+        server = self.resources.resolve(uri)
+        if server is None or server not in self.pool.upstream_names():
+            return False
+        return self.pool.connection(server).config.per_client_sessions and self.relay.client_of(ctx) is not None
 
     # ------------------------------------------------------------ completions, logging, roots
 
