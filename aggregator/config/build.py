@@ -256,6 +256,7 @@ def _build_upstream(
         pin=pin,
         tools=raw.tools,
         roots=[expand.value(root, ("roots", i)) for i, root in enumerate(raw.roots)],
+        sessions=raw.sessions,
         timeouts=Timeouts(
             connect=raw.timeouts.connect if raw.timeouts.connect is not None else timeouts.connect,
             call=raw.timeouts.call if raw.timeouts.call is not None else timeouts.call,

@@ -86,6 +86,9 @@ class UpstreamPresentation(BaseModel):
     pin: list[str] = Field(default_factory=list)
     tools: ToolFilter = Field(default_factory=ToolFilter)
     roots: list[str] = Field(default_factory=list)  # directories or URIs: roots/list when no client can say
+    # one upstream session for all clients, or one per client (docs/isolation.md); None: per-client for
+    # http/sse upstreams (another MCP session), shared for stdio (per-client there is one process per client)
+    sessions: Literal["shared", "per-client"] | None = None
 
 
 class UpstreamConfig(UpstreamPresentation):
@@ -126,6 +129,11 @@ class UpstreamConfig(UpstreamPresentation):
         if self.transport == "stdio" and self.auth not in (None, "none"):
             raise ValueError("auth applies only to a remote upstream (url)")
         return self
+
+    @property
+    def per_client_sessions(self) -> bool:
+        """True if each client's requests go on an upstream session of its own (docs/isolation.md)."""
+        return self.sessions == "per-client" or (self.sessions is None and self.transport != "stdio")
 
     def is_direct(self, tool_name: str) -> bool:
         """True if the tool is listed directly as ``<server>__<tool>`` (``expose: direct`` or pinned)."""

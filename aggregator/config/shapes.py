@@ -127,6 +127,7 @@ FIX_HINTS: dict[str, str] = {
     "expose": "use expose: catalog (through the catalog tools) or expose: direct (listed as NAME__tool)",
     "pin": "write pin as a list of tool names, e.g. pin: [search]",
     "roots": "write roots as a list of directories or file:// URIs, e.g. roots: [~/projects/app]",
+    "sessions": "use sessions: shared (one upstream session for every client) or sessions: per-client",
     "tools": "write tools as {allow: [glob, ...], deny: [glob, ...]}, e.g. tools: {deny: [delete_*]}",
     "timeouts": "give timeouts in seconds as positive numbers, e.g. timeouts: {connect: 10, call: 60}",
     "max_result_bytes": "give a whole number of bytes, at least 1024, e.g. max_result_bytes: 262144",

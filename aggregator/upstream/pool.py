@@ -215,6 +215,11 @@ class UpstreamPool:
         self.on_call_result(server, result)
         return result
 
+    def client_gone(self, client: Any) -> None:
+        """A downstream client disconnected: end the upstream sessions it had of its own (docs/isolation.md)."""
+        for conn in [*self._connections.values(), *self._retiring]:
+            conn.clients.close(client)
+
     def ready_connections(self) -> list[UpstreamConnection]:
         """The connections that are ready now."""
         return [conn for conn in self._connections.values() if conn.state is State.READY]
@@ -309,7 +314,7 @@ class UpstreamPool:
         for conn in everyone:
             conn.request_stop()
         with anyio.move_on_after(SHUTDOWN_GRACE_SECONDS, shield=True):
-            while self._writers or any(conn.state in (State.READY, State.STARTING) for conn in everyone):
+            while self._writers or any(_running(conn) for conn in everyone):
                 await anyio.sleep(0.02)
         tg.cancel_scope.cancel()
 
@@ -357,14 +362,14 @@ class UpstreamPool:
         return diff
 
     def _retire(self, conn: UpstreamConnection) -> None:
-        """Take `conn` out of service now; stop it once its calls in flight are done (or time out)."""
+        """Take `conn` out of service now; stop it once its requests in flight (any kind) are done (or time out)."""
         conn.detach_store()
         self._store.forget(conn.name)  # removed, or its definition changed: its snapshot no longer holds
         self._retiring.add(conn)
 
         async def stop_when_idle() -> None:
             with anyio.move_on_after(conn.config.timeouts.call):
-                while self._busy.get(conn):
+                while self._busy.get(conn) or conn.busy:
                     await anyio.sleep(0.05)
             conn.request_stop()
             self._retiring.discard(conn)
@@ -438,6 +443,11 @@ def require_tool(catalog: Catalog, tool: str, snapshot: Catalog | None = None) -
     near = [t.name for t in catalog.exposed_tools if tool.lower() in t.name.lower()][:5]
     hint = f"; similar: {', '.join(near)}" if near else "; see catalog_list_tools"
     raise Fault("unknown_tool", f"{catalog.server} has no tool {tool!r}{hint}")
+
+
+def _running(conn: UpstreamConnection) -> bool:
+    """True while the upstream or one of its per-client sessions still runs."""
+    return conn.state in (State.READY, State.STARTING) or bool(len(conn.clients))
 
 
 def _hidden_by(tools: ToolFilter) -> Callable[[str], bool]:
