@@ -24,19 +24,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+from aggregator.cli import _command_index
 from aggregator.cli.service import query_status
-from aggregator.runtime import read_pid_file, service_files, service_running
+from aggregator.connect import _lines, parse_args
+from aggregator.runtime import connect_target, private_dir, read_pid_file, service_files, service_running
 from aggregator.upstream.guard import descendants
 from tests.conftest import aggregator_env, alive, kit_upstream, structured, write_config
+from tests.test_cli import run_cli
+from tests.test_install import CLIENT_FILES, Home
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMORY_SERVER = ROOT / ".ci" / "servers" / "node" / "node_modules" / "@modelcontextprotocol" / "server-memory"
 INIT = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
-
-pytestmark = pytest.mark.anyio
 
 
 @dataclass
@@ -182,6 +186,7 @@ def _processes_running(fragment: str, program: str | None = None) -> list[int]:
 # ---------------------------------------------------------------- sharing
 
 
+@pytest.mark.anyio
 @pytest.mark.skipif(shutil.which("node") is None or not MEMORY_SERVER.exists(), reason="needs .ci/servers (node)")
 async def test_three_clients_share_one_memory_server(service: Service, tmp_path: Path) -> None:
     index = str(MEMORY_SERVER / "dist" / "index.js")
@@ -282,3 +287,104 @@ def test_a_broken_config_is_reported_by_connect(service: Service) -> None:
     assert client.stderr is not None
     err = client.stderr.read().decode()
     assert "exited with code 2 while starting" in err and "config error" in err
+
+
+# ---------------------------------------------------------------- operating it
+
+
+def test_status_stop_logs_and_doctor(service: Service) -> None:
+    env = service.env()
+    assert "none runs" in run_cli("doctor", "--no-probe", "--config", str(service.config), env=env).stdout
+    stopped = run_cli("service", "status", "--config", str(service.config), env=env)
+    assert stopped.returncode == 3 and "no service runs" in stopped.stdout
+    client = service.connect()
+    handshake(client)
+    call_kit(client, 1, "echo", message="warm")
+    shown = run_cli("service", "status", "--json", "--config", str(service.config), env=env)
+    status = json.loads(shown.stdout)
+    assert shown.returncode == 0 and status["running"] and status["pid"] == service.pid()
+    assert status["clients_attached"] == 1 and status["upstreams_running"] == 1
+    assert status["processes"] >= 3 and status["rss_bytes_with_upstreams"] > status["rss_bytes"] > 0  # guard + kit
+    doctor = run_cli("doctor", "--no-probe", "--config", str(service.config), env=env).stdout
+    assert f"service: runs (pid {status['pid']}, 1 clients attached" in doctor
+    logs = run_cli("service", "logs", "--config", str(service.config), env=env)
+    assert logs.returncode == 0 and service.files.log in logs.stdout and "client attached" in logs.stdout
+    pid = service.pid()
+    assert run_cli("service", "stop", "--config", str(service.config), env=env).stdout.startswith("stopped")
+    assert pid is not None and not alive(pid) and service.pid() is None
+    # The client was attached: its next message finds no service and starts a new one.
+    assert call_kit(client, 2, "echo", message="back")["result"]["content"][0]["text"] == "back"
+    assert finish(client) == 0
+
+
+@pytest.mark.anyio
+async def test_installed_connect_entry_attaches_to_the_service(service: Service, tmp_path: Path) -> None:
+    home = Home(tmp_path, "cursor", CLIENT_FILES["cursor"][1])
+    assert home.run("install", "cursor").returncode == 0
+    entry = json.loads(home.file.read_text())["mcpServers"]["aggregator"]
+    assert entry["args"][-3:] == ["connect", "--config", str(home.config)]
+    params = StdioServerParameters(command=entry["command"], args=entry["args"], env=service.env())
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        listing = structured(await session.call_tool("catalog_list_servers", {}))
+    assert [server["name"] for server in listing["servers"]] == ["kit"]
+    assert len(list(service.runtime.glob("*.sock"))) == 1  # the service of the installed config
+
+
+# ---------------------------------------------------------------- connect's parts, in process
+
+
+def test_connect_is_dispatched_before_the_cli_is_imported() -> None:
+    code = (
+        "import sys; from aggregator.cli import main; main(['--config', 'x.yaml', 'connect', '--help'])"
+        "\nif 'aggregator.cli.main' in sys.modules or 'mcp' in sys.modules: sys.exit(3)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "usage: aggregator connect" in done.stdout, done.stderr
+    assert _command_index(["--log-level", "info", "--config", "a", "connect"]) == 4
+    assert _command_index(["--version"]) is None
+
+
+def test_connect_arguments() -> None:
+    assert parse_args(["--config", "a.yaml", "--data-dir=d", "--start-timeout", "2"]) == {
+        "config": "a.yaml",
+        "data-dir": "d",
+        "start-timeout": "2",
+    }
+    for bad in (["--nope"], ["--config"], ["serve"]):
+        with pytest.raises(SystemExit) as raised:
+            parse_args(bad)
+        assert raised.value.code != 0
+
+
+@given(st.lists(st.binary(min_size=1, max_size=40), max_size=12))
+def test_lines_survive_any_chunking(chunks: list[bytes]) -> None:
+    feed = iter(chunks)  # a read gives at least one byte until EOF
+    lines = list(_lines(lambda: next(feed, b"")))
+    assert b"".join(lines) == b"".join(chunks)  # nothing lost, nothing added
+    assert all(line.endswith(b"\n") and line.count(b"\n") == 1 for line in lines[:-1])
+    assert not lines or lines[-1].count(b"\n") <= 1
+
+
+def test_the_runtime_directory_must_be_ours(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    link = tmp_path / "rt"
+    link.symlink_to(target)
+    with pytest.raises(PermissionError, match="not a directory owned by this user"):
+        private_dir(str(link))
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o755)
+    private_dir(str(loose))
+    assert stat.S_IMODE(loose.stat().st_mode) == 0o700
+
+
+def test_one_service_per_config_and_data_dir(tmp_path: Path) -> None:
+    env = {"AGGREGATOR_RUNTIME_DIR": str(tmp_path)}
+    same = connect_target("a.yaml", None, {}, str(tmp_path))
+    assert same == (str(tmp_path / "a.yaml"), None)
+    assert connect_target(None, None, {"AGGREGATOR_CONFIG": "a.yaml"}, str(tmp_path)) == same
+    assert connect_target(None, None, {}, str(tmp_path)) == (None, None)  # the user's config: the service finds it
+    keys = {service_files(c, d, env).key for c, d in [("/a", None), ("/b", None), ("/a", "/d"), (None, None)]}
+    assert len(keys) == 4
+    assert service_files("/a", None, env).socket == str(tmp_path / f"{service_files('/a', None, env).key}.sock")

@@ -22,13 +22,14 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
 from aggregator.downstream.stdio import StdioLimits
 from aggregator.log import get_logger
 from aggregator.runtime import (
+    RUNTIME_DIR_ENV,
     ServiceFiles,
     connect_target,
     private_dir,
@@ -207,6 +208,26 @@ def _rss(pid: int) -> int:
 
 
 # ---------------------------------------------------------------- service status | stop | logs
+
+
+def service_health(args: argparse.Namespace) -> tuple[Literal["ok", "note", "problem"], str, str]:
+    """For `doctor`: (level, what was found, the fix) about the service of this config."""
+    files = files_for(args)
+    try:
+        if os.path.lexists(files.directory):  # checked, not created: doctor changes nothing
+            private_dir(files.directory)
+    except OSError as exc:
+        return "problem", f"the runtime directory cannot be used: {exc}", f"fix it, or set {RUNTIME_DIR_ENV}"
+    status = query_status(files)
+    if status is not None:
+        detail = (
+            f"runs (pid {status['pid']}, {status['clients_attached']} clients attached, "
+            f"{status['upstreams_running']} upstreams running, up {status['uptime_seconds']:.0f}s) at {files.socket}"
+        )
+        return "ok", detail, ""
+    if service_running(files.pid):
+        return "problem", f"a service holds {files.pid} but does not answer", "aggregator service stop"
+    return "ok", f"none runs for this config; the first `aggregator connect` starts one ({files.socket})", ""
 
 
 def query_status(files: ServiceFiles, timeout: float = 5.0) -> dict[str, Any] | None:
