@@ -70,6 +70,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     install.add_argument("client", choices=CLIENTS)
     install.add_argument("--dry-run", action="store_true", help="show what would change; write nothing")
+    install.add_argument("--serve", action="store_true", help="a private `serve` for this client, not `connect`")
     install.set_defaults(standalone=_install)
 
     uninstall = sub.add_parser("uninstall", parents=[common], help="restore a client's config from install's backup")
@@ -244,7 +245,7 @@ async def _install(args: argparse.Namespace, settings: Settings) -> int:
         for item in plan.items
         if item.action == "skip" and item.note != "already the aggregator"
     }
-    entry = aggregator_entry(file, target)
+    entry = aggregator_entry(file, target, shared=not args.serve)
     if original is not None and servers_in(parse_document(original, file), file) == {RESERVED_NAME: entry, **keep}:
         print(f"{file.client}: already installed in {file.path}; nothing to change")
         return 0

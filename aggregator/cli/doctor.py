@@ -62,6 +62,7 @@ async def _doctor(args: argparse.Namespace, settings: Settings) -> int:
         await check_upstreams(config, findings, probe=not args.no_probe)
     findings.append(check_data_dir(resolve_data_dir(None, settings)))
     findings += check_clients(Places.here())
+    findings.append(check_service(args))
     problems = sum(f.level == "problem" for f in findings)
     if args.json:
         print(json.dumps({"ok": problems == 0, "findings": [asdict(f) for f in findings]}, indent=2))
@@ -213,6 +214,14 @@ def check_data_dir(data_dir: Path) -> Finding:
             "fix its permissions, or set AGGREGATOR_DATA_DIR / --data-dir to a writable directory",
         )
     return Finding("ok", "data dir", f"{data_dir} is writable")
+
+
+def check_service(args: argparse.Namespace) -> Finding:
+    """Whether the per-user service for this config runs (what `connect` entries attach to)."""
+    from aggregator.cli.service import service_health
+
+    level, detail, fix = service_health(args)
+    return Finding(level, "service", detail, fix)
 
 
 def check_clients(places: Places) -> list[Finding]:

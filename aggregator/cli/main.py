@@ -24,7 +24,7 @@ import anyio
 
 from aggregator import __version__
 from aggregator.catalog.model import age_text
-from aggregator.cli import auth, calls, clients, doctor
+from aggregator.cli import auth, calls, clients, doctor, service
 from aggregator.cli.progress import progress_line
 from aggregator.config import AggregatorConfig, ConfigError, load_config
 from aggregator.log import configure_logging, get_logger, register_secrets
@@ -65,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", parents=[common], help="serve MCP over stdio (default) or streamable HTTP")
-    serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    serve.add_argument(
+        "--transport", choices=["stdio", "http", "socket"], default="stdio", help="socket: the per-user service"
+    )
     serve.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=8765, help="HTTP port (default 8765)")
     serve.add_argument("--allow-host", action="append", default=[], help="extra Host header value to accept")
@@ -178,6 +180,10 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
         except HttpConfigError as exc:
             print(f"aggregator: {exc}", file=sys.stderr)
             return EXIT_USAGE
+    claim = service.claim_service(args, config.source) if args.transport == "socket" else None
+    if isinstance(claim, str):
+        print(f"aggregator: {claim}", file=sys.stderr)
+        return 0
     log.info("starting", config=config.source, upstreams=len(config.upstreams), transport=args.transport)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_stop_on_signal, tg.cancel_scope)
@@ -187,7 +193,9 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
                 pool, data_dir=data_dir, max_result_bytes=config.max_result_bytes, search_max_k=settings.search_max_k
             )
             async with server.running():
-                if sock is None:
+                if claim is not None:
+                    await service.run_service(server, claim, settings)
+                elif sock is None:
                     await _serve_stdio(server, settings)
                 else:
                     limits = HttpLimits(
@@ -397,5 +405,5 @@ def _register_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     """Each sibling module's ``register(sub, common)`` adds its subparsers and sets ``handler`` (an async
     ``(args, config, settings) -> exit code`` run with the loaded config) or ``standalone`` (an async
     ``(args, settings) -> exit code`` that reads the config itself, e.g. to report on a broken one)."""
-    for module in (auth, calls, clients, doctor):
+    for module in (auth, calls, clients, doctor, service):
         module.register(sub, common)

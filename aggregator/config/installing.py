@@ -31,6 +31,7 @@ __all__ = [
     "aggregator_entry",
     "backup_path",
     "content_hash",
+    "entry_args",
     "find_backup",
     "replace_servers",
     "restore_text",
@@ -50,9 +51,15 @@ def aggregator_command() -> list[str]:
     return [str(Path(sys.executable).absolute()), "-m", "aggregator"]
 
 
-def aggregator_entry(file: ClientFile, config: Path) -> dict[str, Any]:
+def entry_args(config: Path, *, shared: bool = True) -> list[str]:
+    """The subcommand of an installed entry: `connect` (the per-user service every client shares), or
+    `serve` (a private aggregator, and private upstreams, for this client alone)."""
+    return ["connect" if shared else "serve", "--config", str(config.absolute())]
+
+
+def aggregator_entry(file: ClientFile, config: Path, *, shared: bool = True) -> dict[str, Any]:
     command, *args = aggregator_command()
-    entry: dict[str, Any] = {"command": command, "args": [*args, "serve", "--config", str(config.absolute())]}
+    entry: dict[str, Any] = {"command": command, "args": [*args, *entry_args(config, shared=shared)]}
     if file.client == "vscode":
         entry = {"type": "stdio", **entry}
     return entry
