@@ -14,20 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.cli import main
 from aggregator.cli.main import build_parser
-from tests.conftest import kit_upstream, write_config
+from tests.conftest import kit_upstream, run_main, write_config
 from tests.test_cli import run_cli
-
-
-def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> subprocess.CompletedProcess[str]:
-    """`aggregator ARGV` in this process: its exit code, stdout and stderr."""
-    try:
-        code = main(list(argv))
-    except SystemExit as exit:
-        code = exit.code if isinstance(exit.code, int) else 1
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(list(argv), code, out, err)
 
 
 @pytest.fixture

@@ -146,6 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     args, extra = parser.parse_known_args(argv)
     if extra and not (hasattr(args, "pairs") and all("=" in word and not word.startswith("-") for word in extra)):
+        if args.command == "add":
+            parser.error(f"unrecognized arguments: {' '.join(extra)}; put -- before the server's command")
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:  # `call S T --args '{...}' k=v`: argparse does not take positionals after an option
         args.pairs += extra
@@ -478,7 +480,7 @@ def _register_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     """Each sibling module's ``register(sub, common)`` adds its subparsers and sets ``handler`` (an async
     ``(args, config, settings) -> exit code`` run with the loaded config) or ``standalone`` (an async
     ``(args, settings) -> exit code`` that reads the config itself, e.g. to report on a broken one)."""
-    from aggregator.cli import calls, clients, doctor  # here: `--version` must not import the SDK
+    from aggregator.cli import calls, clients, doctor, editing  # here: `--version` must not import the SDK
 
-    for module in (calls, clients, doctor):
+    for module in (editing, calls, clients, doctor):
         module.register(sub, common)
