@@ -44,6 +44,7 @@ from aggregator.config.load import written_servers
 from aggregator.config.models import RESERVED_NAME
 from aggregator.config.roundtrip import backup, merge_servers_yaml, write_atomic
 from aggregator.settings import Settings
+from aggregator.suggest import did_you_mean
 from aggregator.table import render_table
 
 __all__ = ["register"]
@@ -58,7 +59,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="show (or --write) the servers of installed MCP clients as aggregator upstreams",
         description=f"Clients: {', '.join(CLIENTS)}; or give config files. Without any, every client found.",
     )
-    imp.add_argument("sources", nargs="*", metavar="CLIENT|FILE")
+    imp.add_argument("sources", nargs="*", metavar="CLIENT|FILE", help="a client name or a config file (default: all)")
     imp.add_argument("--write", action="store_true", help="merge them into the config file (a backup is kept)")
     imp.add_argument("--json", action="store_true", help="print the plan as JSON")
     imp.set_defaults(standalone=_import)
@@ -67,14 +68,21 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "install",
         parents=[common],
         help="put a client's servers behind one aggregator entry (imports them first; backs the file up)",
+        description="Import the client's servers into the aggregator's config, then leave one aggregator entry "
+        "in the client's config (the original is kept beside it; undo with: aggregator uninstall CLIENT).",
     )
-    install.add_argument("client", choices=CLIENTS)
+    install.add_argument("client", choices=CLIENTS, help=f"one of {', '.join(CLIENTS)}")
     install.add_argument("--dry-run", action="store_true", help="show what would change; write nothing")
     install.add_argument("--serve", action="store_true", help="a private `serve` for this client, not `connect`")
     install.set_defaults(standalone=_install)
 
-    uninstall = sub.add_parser("uninstall", parents=[common], help="restore a client's config from install's backup")
-    uninstall.add_argument("client", choices=CLIENTS)
+    uninstall = sub.add_parser(
+        "uninstall",
+        parents=[common],
+        help="restore a client's config from install's backup",
+        description="Give the client its servers back from install's backup; changes made since are kept.",
+    )
+    uninstall.add_argument("client", choices=CLIENTS, help=f"one of {', '.join(CLIENTS)}")
     uninstall.set_defaults(standalone=_uninstall)
 
 
@@ -129,6 +137,17 @@ def resolve_sources(words: list[str], places: Places) -> tuple[list[ClientFile],
     return files, problems
 
 
+def unknown_sources(words: list[str], places: Places) -> str | None:
+    """One line naming the first word that is neither a client nor a file (a typo: exit 2), or None."""
+    for word in words:
+        path = Path(word).expanduser()
+        if word not in CLIENTS and not (path if path.is_absolute() else places.cwd / path).is_file():
+            return (
+                f"{word!r} is neither a client nor a file{did_you_mean(word, CLIENTS)}; clients: {', '.join(CLIENTS)}"
+            )
+    return None
+
+
 def read_sources(files: list[ClientFile]) -> tuple[list[ClientServers], list[str]]:
     read: list[ClientServers] = []
     problems: list[str] = []
@@ -147,6 +166,10 @@ def read_sources(files: list[ClientFile]) -> tuple[list[ClientServers], list[str
 
 async def _import(args: argparse.Namespace, settings: Settings) -> int:
     places = Places.here()
+    unknown = unknown_sources(args.sources, places)
+    if unknown:
+        print(f"aggregator import: {unknown}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         target = target_config(getattr(args, "config", None), places)
         section, existing, text = existing_servers(target)

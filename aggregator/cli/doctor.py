@@ -49,7 +49,13 @@ class Finding:
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    doctor = sub.add_parser("doctor", parents=[common], help="check config, upstreams, data dir and clients")
+    doctor = sub.add_parser(
+        "doctor",
+        parents=[common],
+        help="check config, upstreams, data dir and clients",
+        description="Check the config, start every upstream (unless --no-probe), check the data dir and the "
+        "clients' aggregator entries; one line per finding with its fix. Exit 1 when something is wrong.",
+    )
     doctor.add_argument("--no-probe", action="store_true", help="do not start upstreams")
     doctor.add_argument("--json", action="store_true", help="print the findings as JSON")
     doctor.set_defaults(standalone=_doctor)

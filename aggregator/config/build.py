@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import re
 import typing
 from collections.abc import Iterable
@@ -33,6 +32,7 @@ from aggregator.config.shapes import (
     RawUpstream,
     resolve_transport,
 )
+from aggregator.suggest import closest as _closest
 
 __all__ = ["build_config"]
 
@@ -95,15 +95,6 @@ def _check_top_keys(data: dict[Any, Any], client_shape: bool, ctx: Context) -> N
         if client_shape and suggestion is None:
             continue  # the client's own settings (globalShortcut, inputs, ...)
         raise ctx.error((str(key),), "unknown key", _unknown_key_fix(suggestion, TOP_KEYS))
-
-
-def _closest(key: str, valid: Iterable[str], cutoff: float = 0.6) -> str | None:
-    options = list(valid)
-    for option in options:
-        if option.lower() == key.lower():
-            return option
-    matches = difflib.get_close_matches(key, options, n=1, cutoff=cutoff)
-    return matches[0] if matches else None
 
 
 def _unknown_key_fix(suggestion: str | None, valid: Iterable[str]) -> str:

@@ -32,6 +32,7 @@ from aggregator.config.watch import watch_config
 from aggregator.faults import Fault
 from aggregator.log import get_logger, register_secrets
 from aggregator.sdk import ProgressFn
+from aggregator.suggest import closest
 from aggregator.upstream.auth import Authenticator, TokenStore
 from aggregator.upstream.connection import State, UpstreamConnection
 from aggregator.upstream.session import Downstream, NoDownstream
@@ -440,8 +441,11 @@ def require_tool(catalog: Catalog, tool: str, snapshot: Catalog | None = None) -
             f"{catalog.server} no longer has tool {tool!r} (a snapshot from {age_text(snapshot.age())} ago listed it, "
             "the running server does not); search again with catalog_search_tools",
         )
-    near = [t.name for t in catalog.exposed_tools if tool.lower() in t.name.lower()][:5]
-    hint = f"; similar: {', '.join(near)}" if near else "; see catalog_list_tools"
+    names = [t.name for t in catalog.exposed_tools]
+    near = [name for name in names if tool.lower() in name.lower()][:5]
+    guess = closest(tool, names)
+    hint = f"; did you mean {guess!r}?" if guess else f"; similar: {', '.join(near)}" if near else ""
+    hint += f"; see catalog_list_tools(server={catalog.server!r})"
     raise Fault("unknown_tool", f"{catalog.server} has no tool {tool!r}{hint}")
 
 
