@@ -99,15 +99,27 @@ class Passthrough:
 
     # ------------------------------------------------------------ prompts
 
+    async def _start_direct(self) -> None:
+        """A listing is a need of the direct upstreams never listed (as for tools/list): start them."""
+        pending = self.pool.unlisted(direct=True)
+        if pending:
+            await self.pool.start_all(pending)
+
+    async def _prompt(self, name: str) -> ExposedPrompt:
+        """The prompt exposed as `name`, starting the upstreams that may offer it (`find_starting`)."""
+        entry = await self.pool.find_starting(lambda: self._prompts.get(name))
+        if entry is None:
+            raise MCPError(types.INVALID_PARAMS, f"unknown prompt {name!r}; see prompts/list")
+        return entry
+
     async def list_prompts(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
+        await self._start_direct()
         return types.ListPromptsResult(prompts=[_prompt_wire(entry) for entry in self._prompts.values()])
 
     async def get_prompt(self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> dict[str, Any]:
-        entry = self._prompts.get(params.name)
-        if entry is None:
-            raise MCPError(types.INVALID_PARAMS, f"unknown prompt {params.name!r}; see prompts/list")
+        entry = await self._prompt(params.name)
         forwarded = {**passthrough_meta(ctx), "name": entry.prompt.name}
         if params.arguments is not None:
             forwarded["arguments"] = params.arguments
@@ -118,6 +130,7 @@ class Passthrough:
     async def list_resources(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
+        await self._start_direct()
         resources = [
             types.Resource(uri=r.uri, **_listed(server, r))
             for server, catalog in self._catalogs.items()
@@ -128,6 +141,7 @@ class Passthrough:
     async def list_resource_templates(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
+        await self._start_direct()
         templates = [
             types.ResourceTemplate(uri_template=t.uri_template, **_listed(server, t))
             for server, catalog in self._catalogs.items()
@@ -135,8 +149,14 @@ class Passthrough:
         ]
         return types.ListResourceTemplatesResult(resource_templates=templates)
 
-    def _resource_owner(self, uri: str) -> str:
-        server = self.resources.resolve(uri)
+    async def _resource_owner(self, uri: str, template: bool = False) -> str:
+        """The upstream serving `uri` (or, with `template`, offering it as a URI template), started if need be."""
+
+        def lookup() -> str | None:
+            owner = self.resources.template_owner(uri) if template else None
+            return owner or self.resources.resolve(uri)
+
+        server = await self.pool.find_starting(lookup)
         if server is None:
             raise MCPError(RESOURCE_NOT_FOUND, f"no upstream lists, returned or templates the resource {uri!r}")
         return server
@@ -145,13 +165,13 @@ class Passthrough:
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
     ) -> dict[str, Any]:
         uri = str(params.uri)
-        server = self._resource_owner(uri)
+        server = await self._resource_owner(uri)
         return await self.forward(server, "resources/read", {**passthrough_meta(ctx), "uri": uri}, ctx)
 
     async def subscribe(self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> dict[str, Any]:
         uri = str(params.uri)
         result = await self.forward(
-            self._resource_owner(uri), "resources/subscribe", {**passthrough_meta(ctx), "uri": uri}, ctx
+            await self._resource_owner(uri), "resources/subscribe", {**passthrough_meta(ctx), "uri": uri}, ctx
         )
         connection = getattr(ctx.session, "_connection", None)
         if connection is not None:
@@ -170,7 +190,7 @@ class Passthrough:
             return {}
         self._subscribers.pop(uri, None)
         return await self.forward(
-            self._resource_owner(uri), "resources/unsubscribe", {**passthrough_meta(ctx), "uri": uri}, ctx
+            await self._resource_owner(uri), "resources/unsubscribe", {**passthrough_meta(ctx), "uri": uri}, ctx
         )
 
     def _own_session(self, uri: str, ctx: ServerRequestContext[Any]) -> bool:
@@ -186,13 +206,11 @@ class Passthrough:
         raw = dict(ctx.params or {})
         ref = dict(raw.get("ref") or {})
         if ref.get("type") == "ref/prompt":
-            entry = self._prompts.get(str(ref.get("name")))
-            if entry is None:
-                raise MCPError(types.INVALID_PARAMS, f"unknown prompt {ref.get('name')!r}; see prompts/list")
+            entry = await self._prompt(str(ref.get("name")))
             server, ref["name"] = entry.server, entry.prompt.name
         else:
             uri = str(ref.get("uri"))
-            server = self.resources.template_owner(uri) or self._resource_owner(uri)
+            server = await self._resource_owner(uri, template=True)
         raw["ref"] = ref
         raw.pop("_meta", None)
         return await self.forward(server, "completion/complete", {**passthrough_meta(ctx), **raw}, ctx)

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -40,6 +40,8 @@ from aggregator.upstream.session import Downstream, NoDownstream
 log = get_logger(__name__)
 
 SHUTDOWN_GRACE_SECONDS = 5.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +222,45 @@ class UpstreamPool:
         """A downstream client disconnected: end the upstream sessions it had of its own (docs/isolation.md)."""
         for conn in [*self._connections.values(), *self._retiring]:
             conn.clients.close(client)
+
+    def unlisted(self, *, direct: bool) -> list[str]:
+        """Upstreams never listed (no live catalog, no snapshot) and not inside a backoff window.
+
+        `direct`: those with `expose: direct` (True) or the others (False).
+        """
+        return [
+            name
+            for name, conn in self._connections.items()
+            if self._store.get(name) is None and (conn.config.expose == "direct") == direct and not conn.in_backoff()
+        ]
+
+    def snapshot_only(self) -> list[str]:
+        """Upstreams known only from a snapshot (not running), outside a backoff window."""
+        return [
+            name
+            for name, conn in self._connections.items()
+            if self._store.get(name) is not None and self._store.live(name) is None and not conn.in_backoff()
+        ]
+
+    async def find_starting(self, lookup: Callable[[], T | None]) -> T | None:
+        """`lookup()`, and while it finds nothing, start the next upstreams that may own it and look again.
+
+        Where no loaded catalog or snapshot names the owner of a prompt, a URI or a
+        template, the candidates start in rounds, each round concurrently (single
+        flight, backoff as for calls): direct upstreams never listed, the other
+        upstreams never listed, then those known only from a (perhaps stale)
+        snapshot. None when no upstream owns it.
+        """
+        found = lookup()
+        rounds = (lambda: self.unlisted(direct=True), lambda: self.unlisted(direct=False), self.snapshot_only)
+        for names in rounds:
+            if found is not None:
+                break
+            pending = names()
+            if pending:
+                await self.start_all(pending)
+                found = lookup()
+        return found
 
     def ready_connections(self) -> list[UpstreamConnection]:
         """The connections that are ready now."""
