@@ -81,7 +81,7 @@ async def _init(args: argparse.Namespace, settings: Settings) -> int:
     if target.suffix.lower() == ".json":
         print(f"aggregator init: {target}: init writes YAML; give a .yaml path", file=sys.stderr)
         return EXIT_USAGE
-    write_atomic(target, STARTER)
+    write_atomic(target, STARTER, expected=None)  # refused if someone created it meanwhile
     print(f"wrote {target}")
     files, _ = resolve_sources([], places)
     sources, _ = read_sources(files)
@@ -191,7 +191,7 @@ def _yaml_target(explicit: Path | None, places: Places) -> Path:
 def _replace(target: Path, before: str, after: str) -> None:
     """Write `after` if it loads and the file still holds `before` (else someone edited it meanwhile)."""
     parse_config(after, str(target), environ=everything_set())  # never write a config we could not load
-    current = read_text(target) if target.exists() else ""
-    if current != before:
+    current = read_text(target) if target.exists() else None
+    if (current or "") != before:
         raise ConfigError(str(target), None, "the file changed while it was being edited", "run the command again")
-    write_atomic(target, after)
+    write_atomic(target, after, expected=current)  # compare-and-swap: an edit made since is never overwritten
