@@ -6,6 +6,8 @@ internal's name in the message, instead of a proxy feature failing somewhere far
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import anyio
@@ -106,3 +108,24 @@ def test_http_timeouts_match_the_sdk_defaults() -> None:
     utils = pytest.importorskip("mcp.shared._httpx_utils")
     assert sdk.HTTP_TIMEOUT_SECONDS == utils.MCP_DEFAULT_TIMEOUT
     assert sdk.SSE_READ_TIMEOUT_SECONDS == utils.MCP_DEFAULT_SSE_READ_TIMEOUT
+
+
+def test_defer_wire_model_builds_builds_each_model_on_first_use() -> None:
+    """In a fresh interpreter: deferred before `mcp` is imported, an era's models are classes without
+    validators until used, then validate exactly as before; once imported, deferring is refused."""
+    script = """
+import sys
+from aggregator import sdk
+assert sdk.defer_wire_model_builds() is True
+import mcp
+import mcp_types._v2025_11_25 as legacy, mcp_types._v2026_07_28 as modern
+assert not legacy.Tool.__pydantic_complete__, "mcp_types._wire_base.WireModel ignored defer_build"
+assert not modern.Tool.__pydantic_complete__
+tool = legacy.Tool.model_validate({"name": "t", "inputSchema": {"type": "object"}})
+assert tool.name == "t" and legacy.Tool.__pydantic_complete__
+assert not modern.Tool.__pydantic_complete__
+assert sdk.defer_wire_model_builds() is False
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "ok", done.stderr
