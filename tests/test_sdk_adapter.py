@@ -6,6 +6,8 @@ internal's name in the message, instead of a proxy feature failing somewhere far
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import anyio
@@ -16,6 +18,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.shared.memory import create_client_server_memory_streams
 
 from aggregator import sdk
+from aggregator.sdk import oauth
 
 
 async def _run(server: Server[Any], body: Any, **client_kwargs: Any) -> None:
@@ -130,14 +133,14 @@ class _Storage:
         self.client = client
 
 
-def _provider(storage: _Storage, redirect: Any = None) -> sdk.OAuthProvider:
+def _provider(storage: _Storage, redirect: Any = None) -> oauth.OAuthProvider:
     from mcp.shared.auth import OAuthClientMetadata
     from pydantic import AnyUrl
 
     async def callback() -> Any:
         raise AssertionError("no callback expected")
 
-    return sdk.OAuthProvider(
+    return oauth.OAuthProvider(
         server_url="http://rs.test/mcp",
         client_metadata=OAuthClientMetadata(redirect_uris=[AnyUrl("http://127.0.0.1:1/callback")]),
         storage=storage,  # type: ignore[arg-type]
@@ -217,3 +220,23 @@ async def test_oauth_provider_adds_the_configured_scopes_to_the_challenged_ones(
     assert parse_qs(urlsplit(url).query)["scope"] == ["read write"], (
         "OAuthClientProvider._perform_authorization changed"
     )
+
+
+def test_defer_wire_model_builds_builds_each_model_on_first_use() -> None:
+    """In a fresh interpreter: deferred before `mcp` is imported, an era's models are classes without
+    validators until used, then validate exactly as before; once imported, deferring is refused."""
+    script = """
+import sys
+assert sdk.defer_wire_model_builds() is True
+import mcp
+import mcp_types._v2025_11_25 as legacy, mcp_types._v2026_07_28 as modern
+assert not legacy.Tool.__pydantic_complete__, "mcp_types._wire_base.WireModel ignored defer_build"
+assert not modern.Tool.__pydantic_complete__
+tool = legacy.Tool.model_validate({"name": "t", "inputSchema": {"type": "object"}})
+assert tool.name == "t" and legacy.Tool.__pydantic_complete__
+assert not modern.Tool.__pydantic_complete__
+assert sdk.defer_wire_model_builds() is False
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "ok", done.stderr

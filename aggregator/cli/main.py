@@ -29,6 +29,7 @@ from aggregator.config import AggregatorConfig, ConfigError, load_config
 from aggregator.faults import Fault
 from aggregator.log import configure_logging, get_logger, redact_text, register_secrets
 from aggregator.settings import Settings, load_settings, resolve_data_dir
+from aggregator.startup import settled_imports
 from aggregator.suggest import closest
 from aggregator.table import render_table
 
@@ -251,14 +252,24 @@ def _backend_options() -> dict[str, Any]:
 
 async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
     from aggregator.cli import service
-    from aggregator.downstream.http import HttpConfigError, HttpLimits, bind_socket, build_app, check_bind, serve_http
-    from aggregator.proxy.server import AggregatorServer
-    from aggregator.upstream.pool import UpstreamPool
+
+    with settled_imports():  # the server's modules, frozen with the rest (issue 24: start-up)
+        from aggregator.proxy.server import AggregatorServer
+        from aggregator.upstream.pool import UpstreamPool
 
     data_dir = resolve_data_dir(args.data_dir, settings)
     token = settings.token.get_secret_value() if settings.token else None
     sock = None
-    if args.transport == "http":
+    if args.transport == "http":  # uvicorn and starlette's app only when serving HTTP
+        from aggregator.downstream.http import (
+            HttpConfigError,
+            HttpLimits,
+            bind_socket,
+            build_app,
+            check_bind,
+            serve_http,
+        )
+
         try:
             check_bind(args.host, token)
             sock = bind_socket(args.host, args.port)

@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomlkit
-
 from aggregator.config.clients import ClientFile, parse_document
 from aggregator.config.importing import is_aggregator_entry
 from aggregator.config.models import RESERVED_NAME
@@ -86,6 +84,8 @@ def rewrite(text: str, file: ClientFile, keep: Mapping[str, Any], entry: Mapping
 def replace_servers(text: str, file: ClientFile, servers: Mapping[str, Any]) -> str:
     """`text` with the servers section set to `servers`; the rest of the document as parsed."""
     if file.format == "toml":
+        import tomlkit  # on first use: `serve` never edits a client's file (issue 24, start-up)
+
         doc = tomlkit.parse(text)
         table = tomlkit.table(is_super_table=True)
         for name, value in servers.items():

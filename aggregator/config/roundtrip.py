@@ -18,15 +18,14 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap
-from ruamel.yaml.error import YAMLError
+from typing import TYPE_CHECKING, Any
 
 from aggregator.config.errors import ConfigError
 from aggregator.config.files import read_text
 from aggregator.files import write_atomically
+
+if TYPE_CHECKING:  # ruamel is imported on first use: `serve` never edits a file (issue 24, start-up)
+    from ruamel.yaml import YAML
 
 __all__ = ["FileChanged", "backup", "current_text", "merge_servers_yaml", "write_atomic"]
 
@@ -91,6 +90,8 @@ def _keep_mode_and_owner(fd: int, target: Path) -> None:
 
 
 def _yaml() -> YAML:
+    from ruamel.yaml import YAML
+
     yaml = YAML()  # round trip
     yaml.preserve_quotes = True
     yaml.width = 4096
@@ -100,6 +101,9 @@ def _yaml() -> YAML:
 
 def merge_servers_yaml(text: str, source: str, section: str, additions: Mapping[str, Mapping[str, Any]]) -> str:
     """`text` with `additions` appended under `section`, everything else as the user wrote it."""
+    from ruamel.yaml.comments import CommentedMap
+    from ruamel.yaml.error import YAMLError
+
     yaml = _yaml()
     try:
         data = yaml.load(text) if text.strip() else None
@@ -121,6 +125,8 @@ def merge_servers_yaml(text: str, source: str, section: str, additions: Mapping[
 
 def _plain(value: Any) -> Any:
     """Nested dicts as CommentedMaps (block style), so ruamel writes them like the rest of the file."""
+    from ruamel.yaml.comments import CommentedMap
+
     if isinstance(value, Mapping):
         mapped = CommentedMap()
         for key, item in value.items():

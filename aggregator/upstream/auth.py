@@ -2,7 +2,7 @@
 
 The protocol itself (RFC 9728 / 8414 discovery, client ID metadata documents, dynamic client
 registration, PKCE S256, RFC 8707 `resource`, scope selection and step-up, refresh, the
-client-credentials grant) is the SDK's (`aggregator.sdk.OAuthProvider` and its siblings). What
+client-credentials grant) is the SDK's (`aggregator.sdk.oauth.OAuthProvider` and its siblings). What
 is ours:
 
 - `TokenStore`: tokens and registered clients of every upstream, one JSON file in the data
@@ -49,7 +49,7 @@ from pydantic import AnyUrl, ValidationError
 from aggregator.config import UpstreamConfig
 from aggregator.files import write_atomically
 from aggregator.log import get_logger, register_secrets
-from aggregator.sdk import ClientCredentialsProvider, OAuthProvider, PrivateKeyJWTProvider
+from aggregator.sdk.oauth import ClientCredentialsProvider, OAuthProvider, PrivateKeyJWTProvider
 from aggregator.settings import Settings
 
 __all__ = [
