@@ -227,6 +227,7 @@ def test_defer_wire_model_builds_builds_each_model_on_first_use() -> None:
     validators until used, then validate exactly as before; once imported, deferring is refused."""
     script = """
 import sys
+from aggregator import sdk
 assert sdk.defer_wire_model_builds() is True
 import mcp
 import mcp_types._v2025_11_25 as legacy, mcp_types._v2026_07_28 as modern
