@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.cli.main import build_parser
+from aggregator.cli.commands import build_parser
 from tests.conftest import kit_upstream, run_main, write_config
 from tests.test_cli import run_cli
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from aggregator.cli.main import main
+from aggregator.cli.commands import main
 from tests.conftest import free_port, wait_for_port, write_config
 
 HERE = Path(__file__).parent

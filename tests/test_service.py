@@ -337,7 +337,7 @@ async def test_installed_connect_entry_attaches_to_the_service(service: Service,
 def test_connect_is_dispatched_before_the_cli_is_imported() -> None:
     code = (
         "import sys; from aggregator.cli import main; main(['--config', 'x.yaml', 'connect', '--help'])"
-        "\nif 'aggregator.cli.main' in sys.modules or 'mcp' in sys.modules: sys.exit(3)"
+        "\nif 'aggregator.cli.commands' in sys.modules or 'mcp' in sys.modules: sys.exit(3)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "usage: aggregator connect" in done.stdout, done.stderr

@@ -21,12 +21,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from aggregator.connect import main as connect_main
 
         return connect_main(words[:at] + words[at + 1 :])
-    from aggregator import sdk
     from aggregator.startup import settled_imports
 
     with settled_imports():  # no garbage collection over what the CLI imports (issue 24, start-up)
-        sdk.defer_wire_model_builds()  # before anything imports the SDK
-        from aggregator.cli.main import main as cli_main
+        if at is not None:  # a command will run (not `--version` or help, which import no SDK at all)
+            from aggregator import sdk
+
+            sdk.defer_wire_model_builds()  # before anything imports the SDK
+        from aggregator.cli.commands import main as cli_main
 
     return cli_main(argv)
 
