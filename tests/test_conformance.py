@@ -41,15 +41,7 @@ LAZY_START = [
 ]
 """Scenarios whose first request needs the upstream's catalog: on a fresh aggregator they must start it."""
 
-EXPECTED_FAILURES: dict[str, str] = {
-    # Issue 19 item 2 (the isolation lane): `server-sse-polling` runs just before it and leaves its
-    # `test_reconnection` call in flight to `ref` (the upstream closes the SSE stream mid-call; the
-    # call then waits out its 60 s timeout). With calls of two clients in flight to one upstream,
-    # `proxy/relay.py` refuses the upstream's elicitation ("cannot tell which client"), so the suite
-    # sees "Server did not request elicitation from client". Alone on a fresh aggregator it passes.
-    # Remove this entry when exact attribution lands: the check below fails once it passes.
-    "elicitation-sep1330-enums": "a stuck call of another client blocks relays (issue 19 item 2)",
-}
+EXPECTED_FAILURES: dict[str, str] = {}
 """Scenarios known to fail in a whole-suite run through the aggregator, with why (strict: each must fail)."""
 
 
