@@ -161,3 +161,54 @@ def test_login_names_what_cannot_sign_in(
     err = capsys.readouterr().err
     assert "auth: none" in err and "stdio" in err and "no upstream named 'nope'" in err
     assert not os.path.exists(tmp_path / "data" / "oauth-tokens.json")
+
+
+def test_doctor_says_which_upstream_needs_sign_in(
+    server: AuthServer,
+    setup: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home" / ".config"))
+    _, out, _ = run(capsys, setup, "doctor")
+    assert "PROBLEM upstream remote: sign-in needed. Fix: run `aggregator auth login remote`" in out
+    _, out, _ = run(capsys, setup, "doctor", "--no-probe")
+    assert "note    upstream remote: found (not probed); not signed in" not in out  # auth unset: not known yet
+    login(capsys, setup, monkeypatch)
+    _, out, _ = run(capsys, setup, "doctor")
+    assert "ok      upstream remote: ready, 1 tools" in out
+    _, out, _ = run(capsys, setup, "doctor", "--no-probe")
+    assert "ok      upstream remote: found (not probed); signed in" in out
+    assert tokens(setup)["access_token"] not in out
+
+
+def test_mcp_remote_entries_import_as_native_oauth_upstreams() -> None:
+    from aggregator.config.importing import translate
+
+    assert translate({"command": "npx", "args": ["-y", "mcp-remote", "https://mcp.example/mcp"]}, "claude") == (
+        {"url": "https://mcp.example/mcp", "auth": "oauth"},
+        "",
+    )
+    sse = {"command": "npx", "args": ["mcp-remote@latest", "https://x.example/sse", "--transport", "sse-only"]}
+    assert translate(sse, "cursor") == ({"url": "https://x.example/sse", "auth": "oauth", "transport": "sse"}, "")
+    static = {
+        "command": "npx",
+        "args": ["mcp-remote", "https://x.example/mcp", "--header", "Authorization:${AUTH}"],
+        "env": {"AUTH": "Bearer abc"},
+    }
+    assert translate(static, "claude") == (
+        {"url": "https://x.example/mcp", "headers": {"Authorization": "Bearer abc"}},
+        "",
+    )
+    client = {"client_id": "id1", "client_secret": "s3"}
+    pre = {
+        "command": "npx",
+        "args": ["mcp-remote", "https://x.example/mcp", "9696", "--static-oauth-client-info", json.dumps(client)],
+    }
+    assert translate(pre, "claude")[0] == {"url": "https://x.example/mcp", "auth": "oauth", **client}
+    assert translate({"command": "npx", "args": ["-y", "mcp-remote"]}, "claude")[0] == {
+        "command": "npx",
+        "args": ["-y", "mcp-remote"],
+    }

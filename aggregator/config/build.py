@@ -265,12 +265,12 @@ def _build_upstream(
         max_message_bytes=raw.max_message_bytes if raw.max_message_bytes is not None else defaults.max_message_bytes,
         auth=raw.auth,
         scopes=list(dict.fromkeys(raw.scopes)),
-        client_id=expand.optional(raw.client_id, ("client_id",)),
-        client_secret=expand.optional(raw.client_secret, ("client_secret",)),
-        client_metadata_url=expand.optional(raw.client_metadata_url, ("client_metadata_url",)),
-        client_private_key=expand.optional(raw.client_private_key, ("client_private_key",)),
+        client_id=expand.optional(raw.client_id, ("client_id",)) or None,
+        client_secret=expand.optional(raw.client_secret, ("client_secret",)) or None,
+        client_metadata_url=expand.optional(raw.client_metadata_url, ("client_metadata_url",)) or None,
+        client_private_key=expand.optional(raw.client_private_key, ("client_private_key",)) or None,
         client_signing_algorithm=raw.client_signing_algorithm,
-        issuer=expand.optional(raw.issuer, ("issuer",)),
+        issuer=expand.optional(raw.issuer, ("issuer",)) or None,
     )
 
 
