@@ -17,6 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+import httpx2
 
 HERE = Path(__file__).parent
 CIMD_URL = "https://conformance-test.local/client-metadata.json"  # the suite's client ID metadata document
@@ -31,7 +34,11 @@ def upstream(url: str, scenario: str, context: dict[str, Any]) -> dict[str, Any]
     entry: dict[str, Any] = {"url": url, "timeouts": {"connect": 20, "call": 20}}
     if not scenario.startswith("auth/"):
         return entry
-    if scenario.startswith("auth/client-credentials"):
+    if "idp_id_token" in context:  # SEP-990: the user configures the IdP and the authorization server
+        entry |= {"auth": "identity_assertion", "issuer": authorization_server(url)}
+        entry |= {"idp_token_endpoint": context["idp_token_endpoint"], "idp_id_token": "${CONFORMANCE_ID_TOKEN}"}
+        entry |= {"idp_client_id": context.get("idp_client_id")} if context.get("idp_client_id") else {}
+    elif scenario.startswith("auth/client-credentials"):
         entry["auth"] = "client_credentials"
         if "private_key_pem" in context:
             entry["client_private_key"] = "${CONFORMANCE_PRIVATE_KEY}"
@@ -44,6 +51,13 @@ def upstream(url: str, scenario: str, context: dict[str, Any]) -> dict[str, Any]
     if "client_secret" in context:
         entry["client_secret"] = "${CONFORMANCE_CLIENT_SECRET}"
     return entry
+
+
+def authorization_server(url: str) -> str:
+    """The authorization server the scenario's MCP server names (a user would know it already)."""
+    parts = urlsplit(url)
+    metadata = f"{parts.scheme}://{parts.netloc}/.well-known/oauth-protected-resource{parts.path}"
+    return str(httpx2.get(metadata, timeout=10).json()["authorization_servers"][0])
 
 
 def main() -> int:
@@ -59,6 +73,7 @@ def main() -> int:
             "AGGREGATOR_BROWSER": f"{sys.executable} {HERE / 'oauth_browser.py'}",
             "CONFORMANCE_CLIENT_SECRET": str(context.get("client_secret", "")),
             "CONFORMANCE_PRIVATE_KEY": str(context.get("private_key_pem", "")),
+            "CONFORMANCE_ID_TOKEN": str(context.get("idp_id_token", "")),
         }
         call = CALLS.get(scenario, ["test-tool"] if scenario.startswith("auth/") else None)
         command = ["call", "up", *call] if call else ["list-upstreams", "--probe"]

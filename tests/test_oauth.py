@@ -212,3 +212,34 @@ def test_mcp_remote_entries_import_as_native_oauth_upstreams() -> None:
         "command": "npx",
         "args": ["-y", "mcp-remote"],
     }
+
+
+def test_auth_kinds_name_the_keys_they_need(tmp_path: Path) -> None:
+    from aggregator.config import ConfigError, parse_config
+
+    def problem(entry: dict[str, Any]) -> str:
+        with pytest.raises(ConfigError) as info:
+            parse_config(json.dumps({"upstreams": {"r": entry}}), "c.yaml", environ={})
+        return f"{info.value.key}: {info.value.problem}"
+
+    url = "https://mcp.example/mcp"
+    assert (
+        problem({"url": url, "auth": "client_credentials"})
+        == "upstreams.r.auth: auth: client_credentials needs client_id"
+    )
+    assert problem({"url": url, "auth": "client_credentials", "client_id": "c"}).endswith(
+        "needs client_secret or client_private_key"
+    )
+    assert problem({"url": url, "auth": "identity_assertion", "client_id": "c", "client_secret": "s"}).endswith(
+        "needs issuer"
+    )
+    assert (
+        problem({"command": "x", "scopes": ["a"]}) == "upstreams.r.scopes: scopes applies only to a remote server (url)"
+    )
+    assert problem({"url": url, "auth": "sometimes"}).startswith("upstreams.r.auth: input should be")
+    config = parse_config(
+        json.dumps({"upstreams": {"r": {"url": url, "client_secret": "${SECRET}", "client_id": ""}}}),
+        "c.yaml",
+        environ={"SECRET": "s3cr3t-value"},
+    )
+    assert config.upstreams["r"].client_id is None and "s3cr3t" not in repr(config.upstreams["r"])

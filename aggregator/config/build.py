@@ -225,6 +225,7 @@ def _build_upstream(
             raise ctx.error((*path, "serverUrl"), "both url and serverUrl are given", "keep one of them")
         url, url_key = client.serverUrl, "serverUrl"
     _check_endpoint(raw, url, url_key, path, ctx)
+    _check_auth(raw, path, ctx)
     transport = resolve_transport(raw, url, path, ctx)
     expand = Expander(ctx, path)
     env = dict(raw.env)
@@ -271,6 +272,9 @@ def _build_upstream(
         client_private_key=expand.optional(raw.client_private_key, ("client_private_key",)) or None,
         client_signing_algorithm=raw.client_signing_algorithm,
         issuer=expand.optional(raw.issuer, ("issuer",)) or None,
+        idp_token_endpoint=expand.optional(raw.idp_token_endpoint, ("idp_token_endpoint",)) or None,
+        idp_id_token=expand.optional(raw.idp_id_token, ("idp_id_token",)) or None,
+        idp_client_id=expand.optional(raw.idp_client_id, ("idp_client_id",)) or None,
     )
 
 
@@ -310,6 +314,23 @@ def _check_endpoint(raw: RawUpstream, url: str | None, url_key: str, path: KeyPa
             "headers apply only to a remote server (url)",
             "remove headers, or pass the values through env:",
         )
+
+
+_AUTH_NEEDS: dict[str, tuple[tuple[str, ...], ...]] = {  # each inner tuple: one of these keys
+    "client_credentials": (("client_id",), ("client_secret", "client_private_key")),
+    "identity_assertion": (("client_id",), ("client_secret",), ("issuer",), ("idp_token_endpoint",), ("idp_id_token",)),
+}
+
+
+def _check_auth(raw: RawUpstream, path: KeyPath, ctx: Context) -> None:
+    """The keys an `auth:` kind cannot work without."""
+    for keys in _AUTH_NEEDS.get(raw.auth or "", ()):
+        if not any(getattr(raw, key) for key in keys):
+            raise ctx.error(
+                (*path, "auth"),
+                f"auth: {raw.auth} needs {' or '.join(keys)}",
+                f"add {keys[0]}: (see docs/oauth.md)",
+            )
 
 
 def _home(value: str | None, ctx: Context) -> str | None:

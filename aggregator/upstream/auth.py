@@ -43,6 +43,7 @@ import anyio.to_thread
 import httpx2
 from mcp.client.auth import OAuthFlowError, OAuthRegistrationError, OAuthTokenError, TokenStorage
 from mcp.client.auth.extensions.client_credentials import SignedJWTParameters
+from mcp.client.auth.extensions.identity_assertion import IdentityAssertionOAuthProvider
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from pydantic import AnyUrl, ValidationError
 
@@ -414,6 +415,8 @@ class Authenticator:
         storage = StoredTokens(self.store, config.name, config.url, _configured_client(config))
         scope = " ".join(config.scopes) or None
         provider: OAuthProvider | ClientCredentialsProvider | PrivateKeyJWTProvider
+        if config.auth == "identity_assertion":
+            return _identity_assertion(config, storage, scope)
         if config.auth == "client_credentials":
             provider = _client_credentials(config, storage, scope)
         else:
@@ -453,8 +456,57 @@ def cli_authenticator(data_dir: Path, settings: Settings) -> Authenticator:
     return Authenticator(TokenStore.in_data_dir(data_dir), interactive=bool(settings.browser), browser=settings.browser)
 
 
+TOKEN_EXCHANGE_GRANT = "urn:ietf:params:oauth:grant-type:token-exchange"
+ID_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:id_token"
+ID_JAG_TYPE = "urn:ietf:params:oauth:token-type:id-jag"
+
+
+def _identity_assertion(config: UpstreamConfig, storage: StoredTokens, scope: str | None) -> httpx2.Auth:
+    """SEP-990 enterprise-managed sign-in: the IdP's ID token is exchanged (RFC 8693) at the IdP for an
+    ID-JAG, which the SDK presents to the MCP authorization server (RFC 7523 jwt-bearer grant)."""
+    assert config.url is not None
+    needed = {"client_id": config.client_id, "client_secret": config.client_secret, "issuer": config.issuer}
+    needed |= {"idp_token_endpoint": config.idp_token_endpoint, "idp_id_token": config.idp_id_token}
+    missing = [key for key, value in needed.items() if not value]
+    if missing:
+        raise SignInRequired(config.name, f" (auth: identity_assertion needs {', '.join(missing)})")
+    assert config.client_id and config.client_secret and config.issuer
+
+    async def id_jag(audience: str, resource: str) -> str:
+        form = {
+            "grant_type": TOKEN_EXCHANGE_GRANT,
+            "subject_token": config.idp_id_token or "",
+            "subject_token_type": ID_TOKEN_TYPE,
+            "requested_token_type": ID_JAG_TYPE,
+            "audience": audience,
+            "resource": resource,
+        }
+        form |= {"client_id": config.idp_client_id} if config.idp_client_id else {}
+        form |= {"scope": scope} if scope else {}
+        async with httpx2.AsyncClient(timeout=config.timeouts.connect) as client:
+            response = await client.post(config.idp_token_endpoint or "", data=form)
+        if response.status_code != 200:
+            raise OAuthTokenError(f"the identity provider refused the token exchange ({response.status_code})")
+        token = response.json().get("access_token")
+        if not isinstance(token, str):
+            raise OAuthTokenError("the identity provider's token exchange answer has no access_token")
+        register_secrets([token])
+        return token
+
+    return IdentityAssertionOAuthProvider(
+        config.url,
+        storage,
+        config.client_id,
+        config.client_secret,
+        config.issuer,
+        id_jag,
+        scope=scope,
+        token_endpoint_auth_method="client_secret_basic",
+    )
+
+
 def _configured_client(config: UpstreamConfig) -> OAuthClientInformationFull | None:
-    if config.client_id is None or config.auth == "client_credentials":
+    if config.client_id is None or config.auth in ("client_credentials", "identity_assertion"):
         return None
     secret = config.client_secret
     return OAuthClientInformationFull(
