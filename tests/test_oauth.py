@@ -20,6 +20,8 @@ from typing import Any
 
 import httpx2
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from aggregator.cli.main import main
 from tests.conftest import free_port, wait_for_port, write_config
@@ -59,14 +61,21 @@ def server(request: pytest.FixtureRequest) -> Iterator[AuthServer]:
 
 
 @pytest.fixture
-def setup(server: AuthServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+def setup(
+    server: AuthServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> dict[str, Any]:
     data = tmp_path / "data"
     log = tmp_path / "aggregator.log"
     monkeypatch.setenv("AGGREGATOR_DATA_DIR", str(data))
     monkeypatch.setenv("AGGREGATOR_LOG_FILE", str(log))
     monkeypatch.setenv("AGGREGATOR_LOG_LEVEL", "debug")
     monkeypatch.delenv("AGGREGATOR_BROWSER", raising=False)
-    config = write_config(tmp_path, {"remote": {"url": server.url}})
+    sse = (
+        request.node.get_closest_marker("server_args")
+        and "--sse" in request.node.get_closest_marker("server_args").args
+    )
+    url = server.url.replace("/mcp", "/sse") if sse else server.url
+    config = write_config(tmp_path, {"remote": {"url": url, "transport": "sse" if sse else "http"}})
     return {"config": str(config), "data": data, "log": log}
 
 
@@ -243,3 +252,71 @@ def test_auth_kinds_name_the_keys_they_need(tmp_path: Path) -> None:
         environ={"SECRET": "s3cr3t-value"},
     )
     assert config.upstreams["r"].client_id is None and "s3cr3t" not in repr(config.upstreams["r"])
+
+
+@pytest.mark.server_args("--sse")
+def test_sse_upstreams_sign_in_too(
+    server: AuthServer, setup: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, out, err = run(capsys, setup, "call", "remote", "echo", "text=before")
+    assert code == 1 and "aggregator auth login remote" in out + err
+    login(capsys, setup, monkeypatch)
+    code, out, err = run(capsys, setup, "call", "remote", "echo", "text=over sse")
+    assert (code, out.strip()) == (0, "over sse"), err
+
+
+def test_a_forged_callback_state_is_refused(
+    server: AuthServer, setup: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGGREGATOR_BROWSER", f"{BROWSER} --tamper-state")
+    code, _, err = run(capsys, setup, "auth", "login", "remote")
+    assert code == 1 and "sign-in failed: State parameter mismatch" in err
+    assert server.stats()["authorization_code"] == 0
+
+
+# ---------------------------------------------------------------- the loopback listener, attacked
+
+
+async def _sign_in_through(garbage: list[bytes]) -> Any:
+    """Start a sign-in's listener, send it `garbage` on connections of their own, then the real redirect."""
+    import anyio
+
+    from aggregator.upstream.auth import BrowserStep
+
+    step = BrowserStep("x", free_port(), interactive=True, browser="true")  # a browser that opens nothing
+    await step.redirect("http://127.0.0.1:1/authorize")
+    result: list[Any] = []
+
+    async def wait() -> None:
+        result.append(await step.callback())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        for payload in [*garbage, b"GET /callback?code=the-code&state=s1 HTTP/1.1\r\nHost: x\r\n\r\n"]:
+            async with await anyio.connect_tcp("127.0.0.1", step.port) as stream:
+                if payload:
+                    await stream.send(payload)
+                await stream.send_eof()
+                with anyio.move_on_after(5):
+                    while True:
+                        try:
+                            await stream.receive()
+                        except (anyio.EndOfStream, anyio.BrokenResourceError):
+                            break
+    return result[0]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.binary(max_size=200), max_size=5))
+def test_the_loopback_listener_answers_only_the_callback(garbage: list[bytes]) -> None:
+    import anyio
+
+    hostile = [
+        *garbage,
+        b"GET /other?code=stolen HTTP/1.1\r\n\r\n",
+        b"POST /callback?code=posted HTTP/1.1\r\n\r\n",
+        b"GET /callback?state=s1 HTTP/1.1\r\n\r\n",
+        b"GET /callback?code=x " + b"A" * 20000,
+    ]
+    result = anyio.run(_sign_in_through, [g for g in hostile if b"code=" not in g or b"GET /callback?" not in g])
+    assert (result.code, result.state) == ("the-code", "s1")
