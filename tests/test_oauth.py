@@ -320,3 +320,27 @@ def test_the_loopback_listener_answers_only_the_callback(garbage: list[bytes]) -
     ]
     result = anyio.run(_sign_in_through, [g for g in hostile if b"code=" not in g or b"GET /callback?" not in g])
     assert (result.code, result.state) == ("the-code", "s1")
+
+
+async def test_while_serving_a_needed_sign_in_fails_at_once_and_a_login_elsewhere_takes_effect(
+    server: AuthServer, setup: dict[str, Any], tmp_path: Path
+) -> None:
+    import anyio
+
+    from tests.conftest import aggregator_client, aggregator_env
+
+    env = aggregator_env(AGGREGATOR_DATA_DIR=str(setup["data"]), AGGREGATOR_BROWSER=BROWSER)  # serve never uses it
+    request = {"server": "remote", "tool": "echo", "arguments": {"text": "served"}}
+    async with aggregator_client(Path(setup["config"]), env=env, errlog=(tmp_path / "serve.err").open("w")) as client:
+        started = time.monotonic()
+        refused = await client.call_tool("catalog_call_tool", request)
+        assert refused.is_error and "sign-in needed: run `aggregator auth login remote`" in refused.content[0].text
+        assert time.monotonic() - started < 10
+        login_env = {**env, "AGGREGATOR_LOG_FILE": str(tmp_path / "login.log")}
+        argv = [sys.executable, "-m", "aggregator", "auth", "login", "remote", "--config", setup["config"]]
+        done = await anyio.run_process(argv, env=login_env, check=False)
+        assert done.returncode == 0, done.stderr
+        answered = await client.call_tool("catalog_call_tool", request)
+        assert not answered.is_error and answered.content[0].text == "served"
+    secret = tokens(setup)["access_token"]
+    assert secret not in (tmp_path / "serve.err").read_text()
