@@ -344,3 +344,19 @@ async def test_while_serving_a_needed_sign_in_fails_at_once_and_a_login_elsewher
         assert not answered.is_error and answered.content[0].text == "served"
     secret = tokens(setup)["access_token"]
     assert secret not in (tmp_path / "serve.err").read_text()
+
+
+async def test_a_sign_in_refused_while_serving_remembers_its_scopes_for_the_next_login() -> None:
+    from aggregator.config import UpstreamConfig
+    from aggregator.upstream.auth import Authenticator, SignInRequired, TokenStore
+
+    store = TokenStore(None)
+    config = UpstreamConfig(name="r", transport="http", url="http://127.0.0.1:1/mcp", scopes=["read"])
+    serving = Authenticator(store)
+    provider: Any = serving.auth_for(config)
+    assert provider.extra_scope == "read"
+    with pytest.raises(SignInRequired, match="aggregator auth login r"):  # a step-up to write, while serving
+        await provider.context.redirect_handler("http://as.test/authorize?scope=read+write&state=s")
+    assert store.entry("r", config.url)["wanted_scope"] == "read write"
+    login: Any = Authenticator(store, interactive=True, browser="true").auth_for(config)
+    assert login.extra_scope == "read write"

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 import webbrowser
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ import httpx2
 from mcp.client.auth import OAuthFlowError, OAuthRegistrationError, OAuthTokenError, TokenStorage
 from mcp.client.auth.extensions.client_credentials import SignedJWTParameters
 from mcp.client.auth.extensions.identity_assertion import IdentityAssertionOAuthProvider
+from mcp.client.auth.utils import union_scopes
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from pydantic import AnyUrl, ValidationError
 
@@ -276,14 +277,23 @@ def port_is_free(port: int) -> bool:
 class BrowserStep:
     """The redirect and callback handlers of one sign-in: open the URL, wait for the redirect.
 
-    `interactive` False (serving): the redirect handler raises `SignInRequired` at once.
+    `interactive` False (serving): the redirect handler raises `SignInRequired` at once, after
+    `refused(url)` has seen the authorization URL it would have opened (its scopes matter).
     """
 
-    def __init__(self, name: str, port: int, interactive: bool, browser: str | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        port: int,
+        interactive: bool,
+        browser: str | None,
+        refused: Callable[[str], None] = lambda url: None,
+    ) -> None:
         self.name = name
         self.port = port
         self.interactive = interactive
         self.browser = browser
+        self.refused = refused
         self._listener: anyio.abc.SocketListener | None = None
         self._browser: anyio.abc.Process | None = None  # the AGGREGATOR_BROWSER command, while it runs
 
@@ -293,6 +303,7 @@ class BrowserStep:
 
     async def redirect(self, url: str) -> None:
         if not self.interactive:
+            self.refused(url)
             raise SignInRequired(self.name)
         try:
             listeners = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=self.port)
@@ -413,14 +424,21 @@ class Authenticator:
             return None
         assert config.url is not None
         storage = StoredTokens(self.store, config.name, config.url, _configured_client(config))
-        scope = " ".join(config.scopes) or None
+        wanted = self.store.entry(config.name, config.url).get("wanted_scope")
+        scope = union_scopes(" ".join(config.scopes) or None, wanted if isinstance(wanted, str) else None)
         provider: OAuthProvider | ClientCredentialsProvider | PrivateKeyJWTProvider
         if config.auth == "identity_assertion":
             return _identity_assertion(config, storage, scope)
         if config.auth == "client_credentials":
             provider = _client_credentials(config, storage, scope)
         else:
-            step = BrowserStep(config.name, self._redirect_port(config), self.interactive, self.browser)
+            step = BrowserStep(
+                config.name,
+                self._redirect_port(config),
+                self.interactive,
+                self.browser,
+                refused=lambda url: self._remember_scope(config, url),
+            )
             provider = OAuthProvider(
                 server_url=config.url,
                 client_metadata=OAuthClientMetadata(
@@ -436,6 +454,15 @@ class Authenticator:
             )
         provider.extra_scope = scope
         return provider
+
+    def _remember_scope(self, config: UpstreamConfig, url: str) -> None:
+        """Keep the scopes of a sign-in that could not happen (e.g. a step-up while serving), so that
+        `auth login` asks for them."""
+        scope = parse_qs(urlsplit(url).query).get("scope")
+        if scope:
+            wanted = self.store.entry(config.name, config.url).get("wanted_scope")
+            before = wanted if isinstance(wanted, str) else None
+            self.store.update(config.name, config.url, wanted_scope=union_scopes(before, scope[0]))
 
     def _redirect_port(self, config: UpstreamConfig) -> int:
         """The port the registered client's redirect URI names, so one registration serves every sign-in."""
