@@ -360,3 +360,27 @@ async def test_a_sign_in_refused_while_serving_remembers_its_scopes_for_the_next
     assert store.entry("r", config.url)["wanted_scope"] == "read write"
     login: Any = Authenticator(store, interactive=True, browser="true").auth_for(config)
     assert login.extra_scope == "read write"
+
+
+def test_a_config_reload_keeps_the_sign_in(
+    server: AuthServer, setup: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anyio
+
+    from aggregator.config.load import load_config
+    from aggregator.upstream.pool import UpstreamPool
+
+    login(capsys, setup, monkeypatch)
+    config = load_config(Path(setup["config"]), environ={}, cwd=Path(setup["config"]).parent)
+
+    async def body() -> list[Any]:
+        async with UpstreamPool.running(config, setup["data"]) as pool:
+            first = await pool.call_tool("remote", "echo", {"text": "one"})
+            changed = config.upstreams["remote"].model_copy(update={"description": "edited"})
+            diff = pool.apply_config(config.model_copy(update={"upstreams": {"remote": changed}}))
+            assert diff.changed == ["remote"]
+            return [first, await pool.call_tool("remote", "echo", {"text": "two"})]
+
+    results = anyio.run(body)
+    assert [r["content"][0]["text"] for r in results] == ["one", "two"]
+    assert server.stats()["authorization_code"] == 1  # no second sign-in
