@@ -119,7 +119,7 @@ def uses_oauth(config: UpstreamConfig) -> bool:
 
 
 class TokenStore:
-    """`<data dir>/oauth-tokens.json`: {upstream name: {url, tokens, expires_at, client, port}}.
+    """`<data dir>/oauth-tokens.json`: {upstream name: {url, tokens, expires_at, client, wanted_scope}}.
 
     Every read-modify-write holds an exclusive lock on a sibling lock file, so a sign-in and a
     serving process writing at once both keep their change. Without a path (no data dir) the
@@ -465,16 +465,17 @@ class Authenticator:
             self.store.update(config.name, config.url, wanted_scope=union_scopes(before, scope[0]))
 
     def _redirect_port(self, config: UpstreamConfig) -> int:
-        """The port the registered client's redirect URI names, so one registration serves every sign-in."""
+        """The port the registered client's redirect URI names, so one registration serves every sign-in;
+        a free one when there is no registration yet (or, signing in, its port is taken: then the
+        registration is dropped and made anew)."""
         entry = self.store.entry(config.name, config.url)
-        port = entry.get("port")
-        if isinstance(port, int) and (not self.interactive or port_is_free(port)):
+        uris = (entry.get("client") or {}).get("redirect_uris") or [""]
+        port = urlsplit(str(uris[0])).port
+        if port is not None and (not self.interactive or port_is_free(port)):
             return port
-        port = free_port()
-        if config.client_id is None and entry.get("client", {}).get("redirect_uris"):
-            self.store.update(config.name, config.url, client=None)  # registered for another port: register anew
-        self.store.update(config.name, config.url, port=port)
-        return port
+        if port is not None and config.client_id is None:
+            self.store.update(config.name, config.url, client=None)
+        return free_port()
 
 
 def cli_authenticator(data_dir: Path, settings: Settings) -> Authenticator:
