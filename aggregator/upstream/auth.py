@@ -72,9 +72,10 @@ CALLBACK_TIMEOUT_SECONDS = 300.0  # how long a sign-in waits for the browser to 
 CLIENT_NAME = "aggregator"
 
 
-def _not_sign_in_required(record: logging.LogRecord) -> bool:
-    """The SDK logs every failed OAuth flow with a traceback; a needed sign-in is no such failure."""
-    return not (record.exc_info and isinstance(record.exc_info[1], SignInRequired))
+def _not_described(record: logging.LogRecord) -> bool:
+    """The SDK logs every failed OAuth flow with a traceback; the ones we report in one line (a needed
+    sign-in, the SDK's OAuth errors) reach the user as the upstream's error instead."""
+    return not (record.exc_info and record.exc_info[1] and describe_auth_error(record.exc_info[1]) is not None)
 
 
 class BrowserFailed(Exception):
@@ -89,7 +90,7 @@ class SignInRequired(Exception):
         super().__init__(f"sign-in needed{detail}: run `{login_command(name)}`")
 
 
-logging.getLogger("mcp.client.auth.oauth2").addFilter(_not_sign_in_required)
+logging.getLogger("mcp.client.auth.oauth2").addFilter(_not_described)
 
 
 def login_command(name: str) -> str:
