@@ -647,7 +647,8 @@ def test_upstream_config_rejects_inconsistent_construction() -> None:
 def test_example_config_parses() -> None:
     environ = {"DOCS_TOKEN": "example-token", "HOME": "/home/u"}
     config = load_config(ROOT / "config" / "example.yaml", environ=environ, cwd=ROOT)
-    assert set(config.upstreams) == {"docs", "files", "git", "legacy"}
+    assert set(config.upstreams) == {"docs", "files", "git", "legacy", "tracker"}
+    assert config.upstreams["tracker"].auth == "oauth" and config.upstreams["tracker"].scopes == ["issues:read"]
     docs = config.upstreams["docs"]
     assert docs.headers == {"Authorization": "Bearer example-token"}
     assert docs.expose == "direct" and docs.start == "eager"

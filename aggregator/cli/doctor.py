@@ -29,6 +29,7 @@ from aggregator.config.files import config_lookup, read_text
 from aggregator.config.importing import everything_set, is_aggregator_entry
 from aggregator.config.load import load_config, written_servers
 from aggregator.settings import Settings, resolve_data_dir
+from aggregator.upstream.auth import login_command
 
 __all__ = ["register"]
 
@@ -64,9 +65,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 async def _doctor(args: argparse.Namespace, settings: Settings) -> int:
     findings: list[Finding] = []
     config = check_config(getattr(args, "config", None), os.environ, Path.cwd(), findings)
+    data_dir = resolve_data_dir(None, settings)
     if config is not None:
-        await check_upstreams(config, findings, probe=not args.no_probe)
-    findings.append(check_data_dir(resolve_data_dir(None, settings)))
+        await check_upstreams(config, findings, probe=not args.no_probe, data_dir=data_dir)
+    findings.append(check_data_dir(data_dir))
     findings += check_clients(Places.here())
     findings.append(check_service(args))
     problems = sum(f.level == "problem" for f in findings)
@@ -143,9 +145,13 @@ def _strings(value: Any) -> Iterator[str]:
 # ---------------------------------------------------------------- upstreams
 
 
-async def check_upstreams(config: AggregatorConfig, findings: list[Finding], *, probe: bool) -> None:
+async def check_upstreams(
+    config: AggregatorConfig, findings: list[Finding], *, probe: bool, data_dir: Path | None = None
+) -> None:
+    from aggregator.upstream.auth import Authenticator, TokenStore
     from aggregator.upstream.pool import UpstreamPool
 
+    store = TokenStore.in_data_dir(data_dir) if data_dir is not None else TokenStore(None)
     reachable: dict[str, UpstreamConfig] = {}
     for name, upstream in config.upstreams.items():
         problem = _command_problem(upstream) if upstream.transport == "stdio" else await _url_problem(upstream)
@@ -154,9 +160,10 @@ async def check_upstreams(config: AggregatorConfig, findings: list[Finding], *, 
         else:
             reachable[name] = upstream
     if not probe or not reachable:
-        findings += [Finding("ok", f"upstream {name}", "found (not probed)") for name in reachable if not probe]
+        findings += [_unprobed(upstream, store) for upstream in reachable.values() if not probe]
         return
-    async with UpstreamPool.running(config.model_copy(update={"upstreams": reachable})) as pool:
+    probed = config.model_copy(update={"upstreams": reachable})
+    async with UpstreamPool.running(probed, authenticator=Authenticator(store)) as pool:
         with progress_line("probing upstreams", len(reachable)) as advance:
             await pool.start_all(on_done=advance)
         for status in pool.statuses():
@@ -168,7 +175,26 @@ async def check_upstreams(config: AggregatorConfig, findings: list[Finding], *, 
                 error = status.last_error or "did not start"
                 last = status.stderr_tail[-1] if status.stderr_tail else ""
                 detail = f"{status.state}: {error}" + (f" (stderr: {last})" if last and last not in error else "")
-                findings.append(Finding("problem", subject, detail, "run its command by hand to see why it fails"))
+                fix = "run its command by hand to see why it fails"
+                if "sign-in needed" in error:
+                    detail, fix = "sign-in needed", f"run `{login_command(status.name)}`"
+                findings.append(Finding("problem", subject, detail, fix))
+
+
+def _unprobed(upstream: UpstreamConfig, store: Any) -> Finding:
+    """Found, not probed; for an upstream that signs in, whether a token is stored."""
+    from aggregator.cli.auth import sign_in_state
+    from aggregator.upstream.auth import uses_oauth
+
+    subject = f"upstream {upstream.name}"
+    if not uses_oauth(upstream):
+        return Finding("ok", subject, "found (not probed)")
+    state = sign_in_state(store, upstream)["state"]
+    if state == "signed out" and upstream.auth is None:  # OAuth only if the server asks for it: unknown here
+        return Finding("ok", subject, "found (not probed)")
+    if state == "signed out":
+        return Finding("note", subject, "found (not probed); not signed in", f"run `{login_command(upstream.name)}`")
+    return Finding("ok", subject, f"found (not probed); {state}")
 
 
 def _command_problem(upstream: UpstreamConfig) -> Finding | None:

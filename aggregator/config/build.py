@@ -216,6 +216,7 @@ def _build_upstream(
             raise ctx.error((*path, "serverUrl"), "both url and serverUrl are given", "keep one of them")
         url, url_key = client.serverUrl, "serverUrl"
     _check_endpoint(raw, url, url_key, path, ctx)
+    _check_auth(raw, path, ctx)
     transport = resolve_transport(raw, url, path, ctx)
     expand = Expander(ctx, path)
     env = dict(raw.env)
@@ -257,12 +258,15 @@ def _build_upstream(
         max_message_bytes=raw.max_message_bytes if raw.max_message_bytes is not None else defaults.max_message_bytes,
         auth=raw.auth,
         scopes=list(dict.fromkeys(raw.scopes)),
-        client_id=expand.optional(raw.client_id, ("client_id",)),
-        client_secret=expand.optional(raw.client_secret, ("client_secret",)),
-        client_metadata_url=expand.optional(raw.client_metadata_url, ("client_metadata_url",)),
-        client_private_key=expand.optional(raw.client_private_key, ("client_private_key",)),
+        client_id=expand.optional(raw.client_id, ("client_id",)) or None,
+        client_secret=expand.optional(raw.client_secret, ("client_secret",)) or None,
+        client_metadata_url=expand.optional(raw.client_metadata_url, ("client_metadata_url",)) or None,
+        client_private_key=expand.optional(raw.client_private_key, ("client_private_key",)) or None,
         client_signing_algorithm=raw.client_signing_algorithm,
-        issuer=expand.optional(raw.issuer, ("issuer",)),
+        issuer=expand.optional(raw.issuer, ("issuer",)) or None,
+        idp_token_endpoint=expand.optional(raw.idp_token_endpoint, ("idp_token_endpoint",)) or None,
+        idp_id_token=expand.optional(raw.idp_id_token, ("idp_id_token",)) or None,
+        idp_client_id=expand.optional(raw.idp_client_id, ("idp_client_id",)) or None,
     )
 
 
@@ -302,6 +306,23 @@ def _check_endpoint(raw: RawUpstream, url: str | None, url_key: str, path: KeyPa
             "headers apply only to a remote server (url)",
             "remove headers, or pass the values through env:",
         )
+
+
+_AUTH_NEEDS: dict[str, tuple[tuple[str, ...], ...]] = {  # each inner tuple: one of these keys
+    "client_credentials": (("client_id",), ("client_secret", "client_private_key")),
+    "identity_assertion": (("client_id",), ("client_secret",), ("issuer",), ("idp_token_endpoint",), ("idp_id_token",)),
+}
+
+
+def _check_auth(raw: RawUpstream, path: KeyPath, ctx: Context) -> None:
+    """The keys an `auth:` kind cannot work without."""
+    for keys in _AUTH_NEEDS.get(raw.auth or "", ()):
+        if not any(getattr(raw, key) for key in keys):
+            raise ctx.error(
+                (*path, "auth"),
+                f"auth: {raw.auth} needs {' or '.join(keys)}",
+                f"add {keys[0]}: (see docs/oauth.md)",
+            )
 
 
 def _home(value: str | None, ctx: Context) -> str | None:

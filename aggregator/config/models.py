@@ -29,7 +29,7 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
 """An upstream name; always used with ``fullmatch`` (``$`` would let a trailing newline through)."""
 
 Transport = Literal["stdio", "http", "sse"]
-AuthKind = Literal["oauth", "client_credentials", "none"]
+AuthKind = Literal["oauth", "client_credentials", "identity_assertion", "none"]
 
 
 class Timeouts(BaseModel):
@@ -117,6 +117,9 @@ class UpstreamConfig(UpstreamPresentation):
     client_private_key: str | None = Field(default=None, repr=False)  # PEM: private_key_jwt
     client_signing_algorithm: str = "RS256"
     issuer: str | None = None  # the authorization server the client credentials belong to
+    idp_token_endpoint: str | None = None  # identity_assertion: the enterprise IdP's token endpoint ...
+    idp_id_token: str | None = Field(default=None, repr=False)  # ... the user's ID token there (a secret) ...
+    idp_client_id: str | None = None  # ... and our client id at the IdP
 
     @model_validator(mode="after")
     def _check(self) -> UpstreamConfig:

@@ -45,7 +45,7 @@ from aggregator.config import UpstreamConfig
 from aggregator.faults import Fault
 from aggregator.log import get_logger, redact_text
 from aggregator.sdk import ProgressFn, raw_notify, raw_request
-from aggregator.upstream.auth import Authenticator, describe_auth_error
+from aggregator.upstream.auth import Authenticator, SignInRequired, describe_auth_error
 from aggregator.upstream.client_sessions import ClientSessions
 from aggregator.upstream.session import Downstream, NoDownstream, UpstreamSession, Via
 from aggregator.upstream.transports import TOO_LARGE, StderrTail, TransportHandle, open_transport
@@ -202,7 +202,9 @@ class UpstreamConnection:
                 reason = f"no handshake within {self.config.timeouts.connect:g}s"
                 self._failed(run, self._exit_reason(reason, exited=False))
         except Exception as exc:
-            self._failed(run, _describe_start_error(exc, self))
+            # A sign-in is not a crash: once the user has signed in, the next need starts it at once.
+            at_once = any(isinstance(leaf, SignInRequired) for leaf in _leaf_exceptions(exc))
+            self._failed(run, _describe_start_error(exc, self), backoff=not at_once)
         finally:
             run.session = None
             run.done.set()
@@ -322,15 +324,15 @@ class UpstreamConnection:
             await run.wake.wait()
             tg.cancel_scope.cancel()
 
-    def _failed(self, run: _Run, reason: str) -> None:
-        """Record a crash or failed start of `run` and enter backoff (once per run)."""
+    def _failed(self, run: _Run, reason: str, *, backoff: bool = True) -> None:
+        """Record a crash or failed start of `run` and enter backoff (once per run; none if not `backoff`)."""
         run.wake.set()
         if self._stopping or self._run is not run or run.failed:
             return
         run.failed = True
         run.session = None
-        self._failures += 1
-        delay = min(BACKOFF_FIRST * 2 ** (self._failures - 1), BACKOFF_MAX)
+        self._failures += 1 if backoff else 0
+        delay = min(BACKOFF_FIRST * 2 ** (self._failures - 1), BACKOFF_MAX) if backoff else 0.0
         self._retry_at = time.monotonic() + delay
         self.state = State.BACKOFF
         self.last_error = redact_text(reason)

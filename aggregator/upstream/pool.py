@@ -74,6 +74,7 @@ def secret_values(config: AggregatorConfig) -> list[str]:
             *upstream.headers.values(),
             upstream.client_secret,
             upstream.client_private_key,
+            upstream.idp_id_token,
         )
         if value is not None
     ]
