@@ -83,7 +83,7 @@ class Host:
 
     async def elicitation(self, ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
         self.elicited.append(params.message)
-        return types.ElicitResult(action="accept", content={"response": self.tag})
+        return types.ElicitResult(action="accept", content={"response": self.tag, "interpretation": self.tag})
 
     async def roots(self, ctx: Any) -> types.ListRootsResult:
         self.rooted += 1
@@ -252,6 +252,34 @@ async def test_tasks_belong_to_the_client_that_created_them(tmp_path: Path) -> N
             assert refused.value.code == types.INVALID_PARAMS
         assert (await raw_request(session_a, "tasks/get", {"taskId": task_id}))["taskId"] == task_id
         await raw_request(session_a, "tasks/cancel", {"taskId": task_id})
+
+
+async def test_a_tasks_request_goes_to_the_tasks_creator_while_other_clients_calls_are_in_flight(
+    tmp_path: Path,
+) -> None:
+    """One shared stdio session, calls of two clients in flight: the elicitation server-everything sends
+    for a task (`_meta` related-task) still reaches exactly the client that created the task."""
+    from tests.test_official_servers import TIMEOUTS, everything
+
+    config = write_config(tmp_path, {"everything": {**everything(), "timeouts": TIMEOUTS, "expose": "direct"}})
+    a, b = Host("a"), Host("b")
+    async with two_clients(config, a, b) as (session_a, session_b), anyio.create_task_group() as tg:
+        busy = {"name": "everything__trigger-long-running-operation", "arguments": {"duration": 6, "steps": 3}}
+        tg.start_soon(raw_request, session_b, "tools/call", busy)  # b's call stays in flight meanwhile
+        created = await raw_request(
+            session_a,
+            "tools/call",
+            {
+                "name": "everything__simulate-research-query",
+                "arguments": {"topic": "bats", "ambiguous": True},
+                "task": {"ttl": 60000},
+            },
+        )
+        with anyio.fail_after(WAIT):
+            result = await raw_request(session_a, "tasks/result", {"taskId": created["task"]["taskId"]})
+        assert a.elicited and b.elicited == []
+        assert "a" in json.dumps(result) and "elicitation unavailable" not in json.dumps(result)
+        tg.cancel_scope.cancel()  # b's call has served its purpose
 
 
 # ---------------------------------------------------------------- 20.7: requests outside a call
