@@ -56,8 +56,9 @@ def call(server: str, tool: str, **arguments: Any) -> dict[str, Any]:
 class Host:
     """One client: answers sampling and elicitation (optionally held until released) and records all it hears."""
 
-    def __init__(self, tag: str, *, hold: bool = False) -> None:
+    def __init__(self, tag: str, *, hold: bool = False, roots: list[str] | None = None) -> None:
         self.tag = tag
+        self.roots_given = roots or ["file:///mine"]
         self.hold = hold
         self.release = anyio.Event()
         self.asked = anyio.Event()
@@ -87,7 +88,7 @@ class Host:
 
     async def roots(self, ctx: Any) -> types.ListRootsResult:
         self.rooted += 1
-        return types.ListRootsResult(roots=[types.Root(uri="file:///mine")])  # type: ignore[arg-type]
+        return types.ListRootsResult(roots=[types.Root(uri=uri) for uri in self.roots_given])  # type: ignore[arg-type]
 
     async def on_message(self, message: Any) -> None:
         if isinstance(message, types.LoggingMessageNotification):
@@ -209,6 +210,38 @@ async def test_a_clients_own_session_ends_when_the_client_disconnects(tmp_path: 
         with anyio.fail_after(WAIT):  # the client closed its session (DELETE): its process stops
             while alive(pid):
                 await anyio.sleep(0.05)
+
+
+async def test_each_client_gives_its_own_roots_to_its_own_filesystem_server(tmp_path: Path) -> None:
+    """server-filesystem without a directory serves what its client's roots allow: per client, each
+    client's roots (and their changes) decide for that client alone."""
+    from tests.test_official_servers import TIMEOUTS, node_server
+
+    dirs = {name: tmp_path / name for name in ("a", "b", "c")}
+    for name, directory in dirs.items():
+        directory.mkdir()
+        (directory / "note.txt").write_text(f"in {name}")
+    files = node_server("server-filesystem", timeouts=TIMEOUTS, sessions="per-client", expose="direct")
+    config = write_config(tmp_path, {"files": files})
+    a, b = Host("a", roots=[dirs["a"].as_uri()]), Host("b", roots=[dirs["b"].as_uri()])
+
+    async def allowed(session: ClientSession, directory: Path) -> None:
+        with anyio.fail_after(WAIT):  # the server asks for roots after its handshake, on its own time
+            while str(directory) not in text(await session.call_tool("files__list_allowed_directories", {})):
+                await anyio.sleep(0.2)
+
+    async with two_clients(config, a, b) as (session_a, session_b):
+        await allowed(session_a, dirs["a"])
+        await allowed(session_b, dirs["b"])
+        denied = await session_a.call_tool("files__read_text_file", {"path": str(dirs["b"] / "note.txt")})
+        assert denied.is_error and "denied" in text(denied).lower()
+        a.roots_given = [dirs["c"].as_uri()]
+        await session_a.send_roots_list_changed()
+        await allowed(session_a, dirs["c"])
+        read = await session_a.call_tool("files__read_text_file", {"path": str(dirs["c"] / "note.txt")})
+        assert text(read) == "in c"
+        listed_b = text(await session_b.call_tool("files__list_allowed_directories", {}))
+        assert str(dirs["b"]) in listed_b and str(dirs["a"]) not in listed_b and str(dirs["c"]) not in listed_b
 
 
 # ---------------------------------------------------------------- 20.6: log messages

@@ -202,7 +202,7 @@ class Passthrough:
         return types.EmptyResult()
 
     async def roots_changed(self, ctx: ServerRequestContext[Any], params: Any) -> None:
-        await self.pool.notify_running("notifications/roots/list_changed")
+        await self.pool.notify_running("notifications/roots/list_changed", client=self.relay.client_of(ctx))
 
     # ------------------------------------------------------------ tasks
 

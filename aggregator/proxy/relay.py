@@ -134,9 +134,7 @@ class Relay:
 
     def client_of(self, origin: Any) -> Connection | None:
         """A handshake-era client's connection (a 2026-07-28 client has none that lasts: it shares)."""
-        if not isinstance(origin, ServerRequestContext):
-            return None
-        connection = client_connection(origin.session)
+        connection = client_connection(getattr(origin, "session", None))
         if connection is None or connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return None
         return connection  # type: ignore[no-any-return]

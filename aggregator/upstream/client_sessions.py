@@ -74,6 +74,11 @@ class ClientSessions:
             raise Fault("upstream_unavailable", f"upstream {self.upstream!r} could not start a session: {run.error}")
         return run.session, run.handle
 
+    def get(self, client: Any) -> ClientSession | None:
+        """The client's session if it is open now."""
+        run = self._runs.get(id(client))
+        return run.session if run is not None and run.client is client else None
+
     def ready(self) -> list[ClientSession]:
         """The sessions open now."""
         return [run.session for run in list(self._runs.values()) if run.session is not None]

@@ -295,11 +295,15 @@ class UpstreamConnection:
         for session in [*shared, *self.clients.ready()]:
             await self._apply_log_level(session)
 
-    async def notify(self, method: str, params: Mapping[str, Any] | None = None) -> None:
-        """Send a notification if the upstream runs (a stopped one learns everything at its next start)."""
+    async def notify(self, method: str, params: Mapping[str, Any] | None = None, client: Any = None) -> None:
+        """Send a notification if the upstream runs (a stopped one learns everything at its next start);
+        from `client`, on its own session too."""
         run = self._run
-        if self.state is State.READY and run is not None and run.session is not None:
-            await raw_notify(run.session, method, dict(params) if params else None)
+        own = self.clients.get(client) if client is not None else None
+        shared = run.session if self.state is State.READY and run is not None else None
+        for session in (shared, own):
+            if session is not None:
+                await raw_notify(session, method, dict(params) if params else None)
 
     async def _park(self, run: _Run, handle: TransportHandle) -> None:
         """Wait until the upstream's stdout ends (stdio) or someone wakes us (crash seen, stop)."""

@@ -209,11 +209,11 @@ class UpstreamPool:
             for conn in self._connections.values():
                 tg.start_soon(one, conn)
 
-    async def notify_running(self, method: str, params: Mapping[str, Any] | None = None) -> None:
-        """A client notification (roots changed) for every running upstream."""
+    async def notify_running(self, method: str, params: Mapping[str, Any] | None = None, client: Any = None) -> None:
+        """A client notification (roots changed) for every running upstream (and `client`'s own sessions)."""
         for conn in self.ready_connections():
             try:
-                await conn.notify(method, params)
+                await conn.notify(method, params, client)
             except Exception as exc:
                 log.debug("notification not delivered", upstream=conn.name, method=method, error=str(exc)[:200])
 
