@@ -252,7 +252,7 @@ async def test_a_log_message_during_one_clients_call_reaches_only_that_client(tm
     a, b = Host("a"), Host("b")
     async with two_clients(config, a, b) as (session_a, session_b):
         await session_b.call_tool("catalog_list_servers", {})  # b is a known, idle client
-        await session_a.call_tool("catalog_call_tool", call("rogue", "log", text="secret of a", seconds=0.5))
+        await session_a.call_tool("catalog_call_tool", call("rogue", "log", text="secret of a", seconds=0))
         await session_b.call_tool("catalog_list_servers", {})  # anything for b would have arrived by now
         assert a.logs == ["secret of a"] and b.logs == []
         # both in flight on one shared session: the owner cannot be told, so nobody hears it
@@ -261,6 +261,17 @@ async def test_a_log_message_during_one_clients_call_reaches_only_that_client(tm
             await anyio.sleep(0.5)
             await session_a.call_tool("catalog_call_tool", call("rogue", "log", text="of a", seconds=0.5))
         assert "of b" not in a.logs and "of a" not in b.logs
+
+
+async def test_a_clients_logging_level_changes_only_its_own_upstream_sessions(tmp_path: Path) -> None:
+    record = tmp_path / "record.jsonl"
+    config = write_config(tmp_path, {"rogue": rogue("--record", str(record), sessions="per-client")})
+    async with two_clients(config, Host("a"), Host("b")) as (session_a, session_b):
+        pids = [text(await s.call_tool("catalog_call_tool", call("rogue", "pid"))) for s in (session_a, session_b)]
+        await session_a.set_logging_level("error")
+        await session_b.call_tool("catalog_list_servers", {})
+    noted = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [(n["setLevel"], str(n["pid"])) for n in noted] == [("error", pids[0])]  # b's process never heard it
 
 
 # ---------------------------------------------------------------- 20.5: tasks

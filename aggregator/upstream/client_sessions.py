@@ -56,6 +56,7 @@ class ClientSessions:
         self._open = opener
         self._connect_timeout = connect_timeout
         self._runs: dict[int, _ClientRun] = {}  # by id(client): the client object need not be hashable
+        self.levels: dict[int, str] = {}  # by id(client): the logging level the client asked for
         self._closed = False
 
     def __len__(self) -> int:
@@ -91,6 +92,7 @@ class ClientSessions:
 
     def close(self, client: Any) -> None:
         """The client disconnected: end its session (and its process, for stdio)."""
+        self.levels.pop(id(client), None)
         run = self._runs.get(id(client))
         if run is not None and run.client is client:
             self._end(run)

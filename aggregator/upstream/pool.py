@@ -199,11 +199,12 @@ class UpstreamPool:
         """The connections that are ready now."""
         return [conn for conn in self._connections.values() if conn.state is State.READY]
 
-    async def set_log_level(self, level: str) -> None:
-        """`logging/setLevel` for every upstream: sent to the running ones, kept for later starts."""
+    async def set_log_level(self, level: str, client: Any = None) -> None:
+        """`logging/setLevel` for every upstream: sent to the running ones, kept for later starts
+        (from `client`: for its own upstream sessions, where it has them)."""
 
         async def one(conn: UpstreamConnection) -> None:
-            await conn.set_log_level(level)
+            await conn.set_log_level(level, client)
 
         async with anyio.create_task_group() as tg:
             for conn in self._connections.values():
