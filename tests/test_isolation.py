@@ -19,6 +19,8 @@ from typing import Any
 import anyio
 import mcp.types as types
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -26,6 +28,7 @@ from mcp.shared.exceptions import MCPError
 
 from aggregator.config import ConfigError, parse_config
 from aggregator.proxy.relay import MAX_RELAYED_PER_CLIENT
+from aggregator.proxy.routing import ResourceRouter
 from aggregator.sdk import raw_request
 from tests.conftest import (
     ROOT,
@@ -37,6 +40,7 @@ from tests.conftest import (
     wait_for_port,
     write_config,
 )
+from tests.test_routing import catalog
 from tests.test_serve_http import http_aggregator
 
 WAIT = 60
@@ -172,7 +176,7 @@ async def test_a_stuck_call_never_blocks_another_clients_sampling_and_elicitatio
             # (the reference server checks a sampling result against a wrong schema, and says so, even
             # directly: the scenario only asks that the request reached the client and the tool answered)
             assert not sampled.is_error and "cannot tell" not in text(sampled)
-            assert text(elicited) == 'User response: action=accept, content={"response":"b"}'
+            assert text(elicited) == 'User response: action=accept, content={"response":"b","interpretation":"b"}'
             assert "action=accept" in text(enums)
             assert b.sampled == ["prompt of b"] and b.elicited[0] == "question for b"
             assert a.sampled == ["prompt of a"] and a.elicited == []  # a never heard b's requests
@@ -364,6 +368,33 @@ async def test_a_resource_link_of_another_upstream_never_reroutes_a_listed_uri(t
         assert mine.contents[0].text == "from rogue"  # type: ignore[union-attr]
 
 
+@given(
+    st.dictionaries(
+        st.sampled_from(["fs", "git", "evil", "docs"]),
+        st.tuples(st.sets(st.sampled_from(["x://1", "x://2", "y://1"])), st.sets(st.sampled_from(["x://{n}"]))),
+        min_size=1,
+    ),
+    st.lists(
+        st.tuples(st.sampled_from(["fs", "git", "evil", "docs"]), st.sampled_from(["x://1", "x://2", "y://1", "z://1"]))
+    ),
+)
+def test_a_returned_link_never_takes_a_uri_from_the_upstreams_that_claim_it(
+    claims: dict[str, tuple[set[str], set[str]]], links: list[tuple[str, str]]
+) -> None:
+    """Whatever links upstreams return, a listed or templated URI resolves to one of its claimants."""
+    router = ResourceRouter(sorted(claims))
+    router.rebuild({s: catalog(s, resources=sorted(r), templates=sorted(t)) for s, (r, t) in claims.items()})
+    for server, uri in links:
+        router.remember(server, {"content": [{"type": "resource_link", "uri": uri, "name": "l"}]})
+    for uri in ("x://1", "x://2", "y://1", "z://1"):
+        listing = [s for s, (r, _t) in claims.items() if uri in r]
+        templating = [s for s, (_r, t) in claims.items() if t and uri.startswith("x://")]
+        claimants = listing or templating
+        last_link = next((s for s, u in reversed(links) if u == uri), None)
+        expected = claimants if claimants else ([last_link] if last_link else [None])
+        assert router.resolve(uri) in expected
+
+
 # ---------------------------------------------------------------- 20.9 and 20.11: what is relayed, how much
 
 
@@ -452,3 +483,38 @@ def test_sessions_default_per_client_for_http_and_sse_shared_for_stdio() -> None
     with pytest.raises(ConfigError) as bad:
         parse_config("upstreams: {a: {command: x, sessions: each}}", "/cfg/aggregator.yaml")
     assert bad.value.key == "upstreams.a.sessions" and "sessions: per-client" in bad.value.fix
+
+
+# ---------------------------------------------------------------- per-client sessions under faults
+
+
+async def test_a_crash_of_one_clients_process_harms_nobody_else(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"kit": kit_upstream(sessions="per-client")})
+    async with two_clients(config, Host("a"), Host("b")) as (session_a, session_b):
+
+        async def pid(session: ClientSession) -> str:
+            return text(await session.call_tool("catalog_call_tool", call("kit", "pid")))
+
+        pid_a, pid_b = await pid(session_a), await pid(session_b)
+        crashed = await session_a.call_tool("catalog_call_tool", call("kit", "crash"))
+        assert crashed.is_error and "session ended" in text(crashed)
+        assert await pid(session_b) == pid_b  # b's process and the shared one never noticed
+        servers = structured(await session_b.call_tool("catalog_list_servers", {}))["servers"]
+        assert servers[0]["state"] == "ready"
+        assert await pid(session_a) not in (pid_a, pid_b)  # a's next request opens a new process
+
+
+async def test_a_client_session_that_cannot_start_is_a_clear_error(tmp_path: Path) -> None:
+    marker = tmp_path / "started-once"
+    script = tmp_path / "once.sh"  # the first start works (the shared session); every later one fails
+    script.write_text(
+        f'#!/bin/sh\nif [ -e "{marker}" ]; then echo "no second start" >&2; exit 1; fi\n'
+        f'touch "{marker}"\nexec "{sys.executable}" "{ROOT / "examples" / "testkit.py"}"\n'
+    )
+    script.chmod(0o755)
+    config = write_config(tmp_path, {"kit": {"command": str(script), "sessions": "per-client"}})
+    async with aggregator_client(config) as session:
+        refused = await session.call_tool("catalog_call_tool", call("kit", "echo", message="x"))
+        assert refused.is_error and "could not start a session" in text(refused)
+        listed = structured(await session.call_tool("catalog_list_tools", {"server": "kit"}))
+        assert "echo" in {item["tool"] for item in listed["items"]}  # the shared session serves on

@@ -519,7 +519,11 @@ class UpstreamConnection:
                 lost = exc.code == CONNECTION_CLOSED or (handle is not None and handle.closed.is_set())
                 if lost and client is not None and handle is not None:
                     self.clients.lost(client, handle)  # the client's own session: the shared one is fine
-                    raise Fault("upstream_error", f"upstream {self.name!r}: the client's session ended") from None
+                    raise Fault(
+                        "upstream_error",
+                        f"upstream {self.name!r}: the client's own session ended during the request "
+                        "(the next request opens a new one)",
+                    ) from None
                 if lost:
                     raise self._call_fault(run, exc) from None
                 raise
