@@ -518,3 +518,24 @@ async def test_a_client_session_that_cannot_start_is_a_clear_error(tmp_path: Pat
         assert refused.is_error and "could not start a session" in text(refused)
         listed = structured(await session.call_tool("catalog_list_tools", {"server": "kit"}))
         assert "echo" in {item["tool"] for item in listed["items"]}  # the shared session serves on
+
+
+async def test_http_and_sse_upstreams_serve_each_client_on_its_own_session(tmp_path: Path) -> None:
+    toolbox = ROOT / "examples" / "toolbox.py"
+    for transport, path in (("streamable-http", "/mcp"), ("sse", "/sse")):
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, str(toolbox), transport, "--host", "127.0.0.1", "--port", str(port)],
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_for_port(port, proc)
+            upstream = {"url": f"http://127.0.0.1:{port}{path}", "transport": "sse" if path == "/sse" else "http"}
+            config = write_config(tmp_path, {"box": upstream})
+            async with two_clients(config, Host("a"), Host("b")) as sessions:
+                for tag, session in zip("ab", sessions, strict=True):
+                    result = await session.call_tool("catalog_call_tool", call("box", "slugify", text=f"Hi {tag}!"))
+                    assert text(result) == f"hi-{tag}", transport
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
