@@ -539,3 +539,13 @@ async def test_http_and_sse_upstreams_serve_each_client_on_its_own_session(tmp_p
         finally:
             proc.terminate()
             proc.wait(timeout=10)
+
+
+async def test_a_clients_own_process_ends_with_the_aggregator(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"kit": kit_upstream(sessions="per-client")})
+    async with aggregator_client(config) as session:
+        pid = int(text(await session.call_tool("catalog_call_tool", call("kit", "pid"))))
+        assert alive(pid)
+    with anyio.fail_after(WAIT):  # stdin closed: the aggregator stops, and every process it started
+        while alive(pid):
+            await anyio.sleep(0.05)

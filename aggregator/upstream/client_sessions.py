@@ -58,9 +58,7 @@ class ClientSessions:
         self._runs: dict[int, _ClientRun] = {}  # by id(client): the client object need not be hashable
         self.levels: dict[int, str] = {}  # by id(client): the logging level the client asked for
         self._closed = False
-
-    def __len__(self) -> int:
-        return len(self._runs)
+        self.live = 0  # owner tasks still running (a closed session may still be tearing down)
 
     async def session(self, client: Any) -> tuple[ClientSession, TransportHandle]:
         """The client's session, opened on first need; concurrent requests of one client share one start."""
@@ -113,6 +111,7 @@ class ClientSessions:
     async def _own(self, run: _ClientRun) -> None:
         """Open, park until woken or the transport ends, close: all in this one task."""
         run.scope.deadline = anyio.current_time() + self._connect_timeout
+        self.live += 1
         try:
             with run.scope:
                 async with self._open(run.client) as (session, handle):
@@ -135,6 +134,7 @@ class ClientSessions:
             run.error = redact_text(f"{type(exc).__name__}: {exc}")[:500]
             log.warning("client session failed", upstream=self.upstream, error=run.error)
         finally:
+            self.live -= 1
             run.session = None
             run.ended = True
             run.done.set()

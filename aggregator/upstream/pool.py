@@ -423,7 +423,7 @@ def require_tool(catalog: Catalog, tool: str, snapshot: Catalog | None = None) -
 
 def _running(conn: UpstreamConnection) -> bool:
     """True while the upstream or one of its per-client sessions still runs."""
-    return conn.state in (State.READY, State.STARTING) or bool(len(conn.clients))
+    return conn.state in (State.READY, State.STARTING) or conn.clients.live > 0
 
 
 def _hidden_by(tools: ToolFilter) -> Callable[[str], bool]:
