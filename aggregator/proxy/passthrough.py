@@ -216,11 +216,11 @@ class Passthrough:
         return await self.forward(server, "completion/complete", {**passthrough_meta(ctx), **raw}, ctx)
 
     async def set_level(self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:
-        await self.pool.set_log_level(params.level)
+        await self.pool.set_log_level(params.level, self.relay.client_of(ctx))
         return types.EmptyResult()
 
     async def roots_changed(self, ctx: ServerRequestContext[Any], params: Any) -> None:
-        await self.pool.notify_running("notifications/roots/list_changed")
+        await self.pool.notify_running("notifications/roots/list_changed", client=self.relay.client_of(ctx))
 
     # ------------------------------------------------------------ tasks
 

@@ -38,7 +38,7 @@ from mcp.shared.subscriptions import ResourceUpdated
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from aggregator.log import get_logger
-from aggregator.proxy.routing import TaskRouter
+from aggregator.proxy.routing import BoundedMap, TaskRouter
 from aggregator.sdk import client_connection, request_sender
 from aggregator.upstream.pool import UpstreamPool
 from aggregator.upstream.session import RELAYABLE_CAPABILITIES, Params, Via
@@ -50,6 +50,7 @@ RELAYED_METHODS = frozenset({"sampling/createMessage", "elicitation/create", "ro
 MAX_RELAYED_PER_UPSTREAM = 64
 MAX_RELAYED_PER_CLIENT = 32
 RELATED_TASK = "io.modelcontextprotocol/related-task"
+ELICITATIONS_MAX = 4096
 _RELAYED_KEYS = ("roots", "sampling", "elicitation")
 
 
@@ -122,7 +123,8 @@ class Relay:
         self.bus = bus
         self.tasks = tasks
         self._subscribers = subscribers  # resource URI → the clients subscribed to it (kept by the pass-through)
-        self._elicitations: dict[str, Connection] = {}  # URL elicitation id → the client asked
+        # (upstream, URL elicitation id) → the client asked; bounded, as completions may never come
+        self._elicitations: BoundedMap[tuple[str, str], Connection] = BoundedMap(ELICITATIONS_MAX)
         self._relaying: Counter[Any] = Counter()  # relayed requests in flight, by upstream name and by id(client)
 
     def client_capabilities(self, client: Any = None) -> types.ClientCapabilities:
@@ -132,9 +134,7 @@ class Relay:
 
     def client_of(self, origin: Any) -> Connection | None:
         """A handshake-era client's connection (a 2026-07-28 client has none that lasts: it shares)."""
-        if not isinstance(origin, ServerRequestContext):
-            return None
-        connection = client_connection(origin.session)
+        connection = client_connection(getattr(origin, "session", None))
         if connection is None or connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return None
         return connection  # type: ignore[no-any-return]
@@ -159,7 +159,7 @@ class Relay:
                 method, dict(params) if params is not None else None, {"timeout": timeout}
             )
         if method == "elicitation/create" and params and isinstance(params.get("elicitationId"), str):
-            self._elicitations[params["elicitationId"]] = connection
+            self._elicitations.put((upstream, params["elicitationId"]), connection)
         return result
 
     @contextmanager
@@ -252,9 +252,7 @@ class Relay:
             creator = owner[1] if owner is not None and owner[0] == upstream else None
             targets = [creator] if creator is not None and (own is None or creator is own) else []
         elif method == "notifications/elicitation/complete":
-            target = self._elicitations.get(str(params.get("elicitationId")))
-            if target is not None and (own is None or target is own):
-                self._elicitations.pop(str(params.get("elicitationId")), None)
+            target = self._elicitations.get((upstream, str(params.get("elicitationId"))))
             targets = [target] if target is not None and (own is None or target is own) else []
         else:
             return

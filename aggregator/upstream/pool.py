@@ -267,21 +267,22 @@ class UpstreamPool:
         """The connections that are ready now."""
         return [conn for conn in self._connections.values() if conn.state is State.READY]
 
-    async def set_log_level(self, level: str) -> None:
-        """`logging/setLevel` for every upstream: sent to the running ones, kept for later starts."""
+    async def set_log_level(self, level: str, client: Any = None) -> None:
+        """`logging/setLevel` for every upstream: sent to the running ones, kept for later starts
+        (from `client`: for its own upstream sessions, where it has them)."""
 
         async def one(conn: UpstreamConnection) -> None:
-            await conn.set_log_level(level)
+            await conn.set_log_level(level, client)
 
         async with anyio.create_task_group() as tg:
             for conn in self._connections.values():
                 tg.start_soon(one, conn)
 
-    async def notify_running(self, method: str, params: Mapping[str, Any] | None = None) -> None:
-        """A client notification (roots changed) for every running upstream."""
+    async def notify_running(self, method: str, params: Mapping[str, Any] | None = None, client: Any = None) -> None:
+        """A client notification (roots changed) for every running upstream (and `client`'s own sessions)."""
         for conn in self.ready_connections():
             try:
-                await conn.notify(method, params)
+                await conn.notify(method, params, client)
             except Exception as exc:
                 log.debug("notification not delivered", upstream=conn.name, method=method, error=str(exc)[:200])
 
@@ -493,7 +494,7 @@ def require_tool(catalog: Catalog, tool: str, snapshot: Catalog | None = None) -
 
 def _running(conn: UpstreamConnection) -> bool:
     """True while the upstream or one of its per-client sessions still runs."""
-    return conn.state in (State.READY, State.STARTING) or bool(len(conn.clients))
+    return conn.state in (State.READY, State.STARTING) or conn.clients.live > 0
 
 
 def _hidden_by(tools: ToolFilter) -> Callable[[str], bool]:
