@@ -38,6 +38,7 @@ START_TIMEOUT = 30.0  # seconds for a new service to accept: importing the SDK a
 DRAIN_TIMEOUT = 60.0  # after the client's EOF, for the service to answer what is left and close
 SERVICE_GONE = -32000
 REPLAY_ID = "aggregator-connect-replay"
+LOG_ROTATE_BYTES = 8 << 20
 
 
 class ConnectError(Exception):
@@ -136,6 +137,7 @@ class ServiceOpener:
             command += ["--config", self.config]
         if self.data_dir:
             command += ["--data-dir", self.data_dir]
+        _rotate(self.files.log)
         with open(self.files.log, "ab") as log:
             os.chmod(self.files.log, 0o600)
             process = subprocess.Popen(
@@ -166,6 +168,15 @@ class ServiceOpener:
             lines = []
         tail = "".join(f"\n  {line}" for line in lines)
         return f"; its log is {self.files.log}{tail}"
+
+
+def _rotate(log: str) -> None:
+    """Keep one previous log (`K.log.1`) when the log has grown past LOG_ROTATE_BYTES: a service per start."""
+    try:
+        if os.path.getsize(log) > LOG_ROTATE_BYTES:
+            os.replace(log, f"{log}.1")
+    except OSError:
+        pass
 
 
 class _locked:
