@@ -220,6 +220,13 @@ class SocketClient(Client):
         return 0.0, 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of `pid` so far (Linux /proc, clock ticks)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def python_floor(reps: int) -> tuple[float, float, int]:
     """`python -c pass` on this machine: p50 wall seconds, p50 CPU seconds, peak RSS bytes."""
     walls, cpus, peaks = [], [], []
@@ -295,16 +302,20 @@ def main() -> None:
         for client in paths.values():
             client.initialize()
             timed(client, target, 20)  # warm: the upstream is started, the code paths are hot
+        relay = paths["connect"].proc.pid  # type: ignore[attr-defined]
         for kind in ("ping", "echo"):
             times: dict[str, list[float]] = {name: [] for name in paths}
+            cpu_before = cpu_seconds(relay)
             for _ in range(options.blocks):
                 for name, client in paths.items():
                     times[name] += timed(client, target if kind == "echo" else None, options.calls)
+            relay_cpu = (cpu_seconds(relay) - cpu_before) / len(times["connect"])
             p50 = {name: statistics.median(found) * 1000 for name, found in times.items()}
             print(
                 f"   {kind}: p50 serve {p50['serve']:.3f} ms, connect {p50['connect']:.3f} ms, service socket "
                 f"without connect {p50['socket']:.3f} ms; connect vs serve {p50['connect'] - p50['serve']:+.3f} ms, "
-                f"the connect hop alone {p50['connect'] - p50['socket']:+.3f} ms"
+                f"the connect hop alone {p50['connect'] - p50['socket']:+.3f} ms; "
+                f"connect's CPU per call {relay_cpu * 1e6:.0f} us"
             )
         for client in paths.values():
             client.close()

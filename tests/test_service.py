@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
+import mcp.types as types
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -159,12 +161,12 @@ def finish(proc: subprocess.Popen[bytes]) -> int:
 
 
 @asynccontextmanager
-async def connected(found: Service) -> AsyncIterator[ClientSession]:
+async def connected(found: Service, **options: Any) -> AsyncIterator[ClientSession]:
     """An SDK client session through `aggregator connect`, as a host would run it."""
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "aggregator", "connect", "--config", str(found.config)], env=found.env()
     )
-    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+    async with stdio_client(params) as (read, write), ClientSession(read, write, **options) as session:
         await session.initialize()
         yield session
 
@@ -222,6 +224,75 @@ def test_racing_connects_start_exactly_one_service(service: Service) -> None:
         assert service.status()["clients_attached"] == 4
     finally:
         assert [finish(proc) for proc in clients] == [0, 0, 0, 0]
+
+
+@pytest.mark.anyio
+async def test_both_eras_attached_hear_list_changed(service: Service, tmp_path: Path) -> None:
+    """A modern client (listen) and a legacy one (notification) share a direct upstream; one changes its tools."""
+    from mcp import Client
+
+    write_config(tmp_path, {"kit": kit_upstream(expose="direct")})
+    heard = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            heard.set()
+
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "aggregator", "connect", "--config", str(service.config)], env=service.env()
+    )
+    async with connected(service, message_handler=on_message) as legacy, Client(params, mode="auto") as modern:
+        assert modern.protocol_version >= "2026"
+        assert "kit__echo" in {tool.name for tool in (await legacy.list_tools()).tools}
+        assert "kit__echo" in {tool.name for tool in (await modern.list_tools()).tools}
+        async with modern.listen(tools_list_changed=True) as subscription:
+            await legacy.call_tool("kit__set_tools", {"names": ["shared_new"]})
+            with anyio.fail_after(15):
+                async for _event in subscription:
+                    if "kit__shared_new" in {tool.name for tool in (await modern.list_tools()).tools}:
+                        break
+                await heard.wait()
+        assert service.status()["upstreams_running"] == 1
+
+
+def test_a_relayed_request_reaches_the_client_whose_call_asked(service: Service) -> None:
+    """Two clients call the same upstream's `ask` (sampling): each request reaches the client whose call asked,
+    one after the other; at the same time, each gets its own answer or a refusal, never the other's."""
+    clients = {tag: service.connect() for tag in ("a", "b")}
+    init = {**INIT, "capabilities": {"sampling": {}}}
+    for proc in clients.values():
+        send(proc, {"id": 0, "method": "initialize", "params": init})
+        assert "result" in answer(proc, 0)
+        send(proc, {"method": "notifications/initialized"})
+    for tag, proc in clients.items():
+        ask(proc, 1)
+        assert f"from {tag}" in answered_asking(proc, 1, tag)
+    for proc in clients.values():
+        ask(proc, 2)
+    for tag, proc in clients.items():
+        text = answered_asking(proc, 2, tag)
+        other = "from b" if tag == "a" else "from a"
+        assert other not in text and (f"from {tag}" in text or "cannot tell which client" in text), text
+    assert [finish(proc) for proc in clients.values()] == [0, 0]
+
+
+def ask(proc: subprocess.Popen[bytes], request_id: int) -> None:
+    sampling = {"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}], "maxTokens": 5}
+    arguments = {"method": "sampling/createMessage", "params": sampling}
+    params = {"name": "catalog_call_tool", "arguments": {"server": "kit", "tool": "ask", "arguments": arguments}}
+    send(proc, {"id": request_id, "method": "tools/call", "params": params})
+
+
+def answered_asking(proc: subprocess.Popen[bytes], request_id: int, tag: str) -> str:
+    """The result of call `request_id` as text, answering every sampling request on the way as client `tag`."""
+    assert proc.stdout
+    while True:
+        message = json.loads(proc.stdout.readline())
+        if message.get("method") == "sampling/createMessage":
+            result = {"role": "assistant", "content": {"type": "text", "text": f"from {tag}"}, "model": "m"}
+            send(proc, {"id": message["id"], "result": result})
+        elif message.get("id") == request_id:
+            return json.dumps(message["result"])
 
 
 # ---------------------------------------------------------------- lifecycle
