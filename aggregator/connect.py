@@ -233,6 +233,33 @@ def _messages(line: bytes) -> list[dict[str, Any]]:
     return [item for item in items if isinstance(item, dict)]
 
 
+SLOW = object()  # _service_head could not tell: parse the whole line
+_HEAD = b'{"jsonrpc":"2.0",'
+
+
+def _service_head(line: bytes) -> Any:
+    """What the service's line is, read from its head alone (pydantic's field order), so an answer of
+    megabytes is not parsed: the id of a response, None for a request or notification, or SLOW."""
+    if not line.startswith(_HEAD):
+        return SLOW
+    rest = line[len(_HEAD) : len(_HEAD) + 200]
+    if rest.startswith(b'"method"'):
+        return None
+    if not rest.startswith(b'"id":'):
+        return SLOW
+    end = rest.find(b",", 5)
+    after = rest[end + 1 :] if end > 0 else b""
+    if after.startswith(b'"method"'):
+        return None
+    if not after.startswith((b'"result"', b'"error"')):
+        return SLOW
+    try:
+        key = json.loads(rest[5:end])
+    except ValueError:  # a string id with a comma in it: the cut was wrong
+        return SLOW
+    return key if _request_id({"id": key}) is not None else SLOW
+
+
 def _request_id(message: dict[str, Any]) -> Any:
     key = message.get("id")
     return key if isinstance(key, (int, str)) and not isinstance(key, bool) else None
@@ -346,7 +373,9 @@ class Bridge:
 
     def _to_client(self, line: bytes) -> bool:
         """Settle the answers in `line`; False when it answers a replayed request the client never sent."""
-        for message in _messages(line):
+        head = _service_head(line)
+        messages = _messages(line) if head is SLOW else [] if head is None else [{"id": head}]
+        for message in messages:
             if "method" in message:
                 continue
             key = _request_id(message)

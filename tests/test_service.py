@@ -33,7 +33,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from aggregator.cli import _command_index
 from aggregator.cli.service import query_status
-from aggregator.connect import _lines, parse_args
+from aggregator.connect import SLOW, _lines, _service_head, parse_args
 from aggregator.runtime import connect_target, private_dir, read_pid_file, service_files, service_running
 from aggregator.upstream.guard import descendants
 from tests.conftest import aggregator_env, alive, kit_upstream, structured, write_config
@@ -459,3 +459,26 @@ def test_one_service_per_config_and_data_dir(tmp_path: Path) -> None:
     keys = {service_files(c, d, env).key for c, d in [("/a", None), ("/b", None), ("/a", "/d"), (None, None)]}
     assert len(keys) == 4
     assert service_files("/a", None, env).socket == str(tmp_path / f"{service_files('/a', None, env).key}.sock")
+
+
+@given(
+    st.one_of(st.integers(min_value=-(2**53), max_value=2**53), st.text(max_size=20)),
+    st.sampled_from(["result", "error", "request", "notification"]),
+)
+def test_connect_reads_the_service_answer_id_from_the_head_alone(key: Any, kind: str) -> None:
+    """The fast path agrees with parsing the whole line, for the lines the service really writes."""
+    if kind == "result":
+        message: Any = types.JSONRPCResponse(jsonrpc="2.0", id=key, result={"content": [], "big": "x" * 300})
+    elif kind == "error":
+        message = types.JSONRPCError(jsonrpc="2.0", id=key, error=types.ErrorData(code=-1, message="no"))
+    elif kind == "request":
+        message = types.JSONRPCRequest(jsonrpc="2.0", id=key, method="sampling/createMessage", params={})
+    else:
+        message = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/progress", params={})
+    line = message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+    head = _service_head(line)
+    parsed = json.loads(line)
+    if head is SLOW:
+        assert not isinstance(key, int) or kind == "notification", line  # integer ids take the fast path
+        return  # parsed in full: always right
+    assert head == (parsed["id"] if kind in ("result", "error") else None)
