@@ -206,11 +206,11 @@ class _locked:
 # ---------------------------------------------------------------- carrying messages
 
 
-def _lines(read: Callable[[], bytes]) -> Iterator[bytes]:
-    """Complete lines (newline kept) from successive chunks; a final unterminated line as it is."""
+def _lines(read: Callable[[], bytes], early: bytes = b"") -> Iterator[bytes]:
+    """Complete lines (newline kept) from `early` and successive chunks; a final unterminated line as it is."""
     buffer = b""
     while True:
-        chunk = read()
+        chunk, early = early or read(), b""
         if not chunk:
             if buffer:
                 yield buffer
@@ -280,7 +280,6 @@ class Bridge:
         self.initialized: bytes | None = None
         self.init_id: Any = None
         self.init_answered = False
-        self.swallow: set[Any] = set()  # ids of replayed requests whose answers the client must not see
         self.stdin_closed = False
         self.done = threading.Event()
         self._attach(first, replay=False)
@@ -342,28 +341,40 @@ class Bridge:
         """Make `sock` the connection (conn_lock held, or during construction) and start its reader."""
         self.generation += 1
         self.sock = sock
-        if replay:
-            self._replay(sock)
-        threading.Thread(target=self._pump, args=(sock, self.generation), daemon=True).start()
+        early = self._replay(sock) if replay else b""
+        threading.Thread(target=self._pump, args=(sock, self.generation, early), daemon=True).start()
 
-    def _replay(self, sock: _socket.socket) -> None:
-        """Open the new session as the client opened the old one: initialize (answer dropped), initialized."""
+    def _replay(self, sock: _socket.socket) -> bytes:
+        """Open the new session as the client opened the old one: initialize, its answer awaited and dropped
+        (the server takes nothing else before it), then initialized. Returns bytes read past that answer."""
         with self.state_lock:
             initialize, initialized, answered = self.initialize, self.initialized, self.init_answered
         if initialize is None or not answered:
-            return  # a modern client (no handshake), or one still waiting: its own initialize goes (again)
-        message = _messages(initialize)[0]
+            return b""  # a modern client (no handshake), or one still waiting: its own initialize goes (again)
         replay_id = f"{REPLAY_ID}-{self.generation}"
-        with self.state_lock:
-            self.swallow.add(replay_id)
-        lines = json.dumps({**message, "id": replay_id}).encode() + b"\n" + (initialized or b"")
-        sock.sendall(lines)
-
-    def _pump(self, sock: _socket.socket, generation: int) -> None:
+        sock.sendall(json.dumps({**_messages(initialize)[0], "id": replay_id}).encode() + b"\n")
+        buffer = b""
+        sock.settimeout(START_TIMEOUT)
         try:
-            for line in _lines(lambda: _recv(sock)):
-                if self._to_client(line):
-                    _write_stdout(line, self.out_lock)
+            while True:
+                chunk = sock.recv(READ_CHUNK)
+                if not chunk:
+                    raise ConnectError("the new service closed the connection during the handshake")
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if replay_id in [_request_id(message) for message in _messages(line)]:
+                        sock.sendall(initialized or b"")
+                        return buffer
+                    _write_stdout(line + b"\n", self.out_lock)  # a notification of the new session
+        finally:
+            sock.settimeout(None)
+
+    def _pump(self, sock: _socket.socket, generation: int, early: bytes = b"") -> None:
+        try:
+            for line in _lines(lambda: _recv(sock), early):
+                self._to_client(line)
+                _write_stdout(line, self.out_lock)
         except OSError:  # our stdout is gone: the client ended
             os._exit(0)
         if self.stdin_closed:
@@ -371,22 +382,18 @@ class Bridge:
             return
         self._lost(generation)
 
-    def _to_client(self, line: bytes) -> bool:
-        """Settle the answers in `line`; False when it answers a replayed request the client never sent."""
+    def _to_client(self, line: bytes) -> None:
+        """Settle the requests that `line` answers."""
         head = _service_head(line)
         messages = _messages(line) if head is SLOW else [] if head is None else [{"id": head}]
         for message in messages:
-            if "method" in message:
+            key = None if "method" in message else _request_id(message)
+            if key is None:
                 continue
-            key = _request_id(message)
             with self.state_lock:
-                if key in self.swallow:
-                    self.swallow.discard(key)
-                    return False
                 self.pending.pop(key, None)
-                if key is not None and key == self.init_id:
+                if key == self.init_id:
                     self.init_answered = True
-        return True
 
     def _lost(self, generation: int) -> None:
         """The connection of `generation` ended under a client still talking: answer what it never will."""
@@ -400,7 +407,6 @@ class Bridge:
                 lost = [key for key in self.pending if key != waiting_init]
                 for key in lost:
                     del self.pending[key]
-                self.swallow.clear()
             _say("the aggregator service went away; the next message starts or finds a new one")
             self._answer_gone(lost, "the aggregator service stopped before answering; the request was not retried")
             if waiting_init is not None and self.initialize is not None:
