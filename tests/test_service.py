@@ -309,6 +309,33 @@ def test_a_client_eof_detaches_only_that_client(service: Service) -> None:
     assert finish(second) == 0
 
 
+def test_eof_with_a_call_running_still_gets_its_answer(service: Service) -> None:
+    client = service.connect()
+    handshake(client)
+    params = {"name": "catalog_call_tool", "arguments": {"server": "kit", "tool": "slow", "arguments": {"seconds": 1}}}
+    send(client, {"id": 1, "method": "tools/call", "params": params})
+    assert client.stdin and client.stdout
+    client.stdin.close()  # EOF at once: the service drains, answers, closes; connect passes it all on and exits
+    out = client.stdout.read()
+    assert client.wait(timeout=30) == 0
+    answers = [json.loads(line) for line in out.splitlines()]
+    assert [a["result"]["content"][0]["text"] for a in answers if a.get("id") == 1] == ["slept 1s in 1 steps"]
+    assert service.status()["clients_attached"] == 0
+
+
+def test_big_answers_and_garbage_pass_intact(service: Service) -> None:
+    client = service.connect()
+    handshake(client)
+    big = call_kit(client, 1, "big", n=3_000_000)["result"]["content"][0]["text"]
+    assert len(big) == 3_000_000
+    assert client.stdin
+    client.stdin.write(b'{"jsonrpc": "2.0", "id": 2, "method": \xff not json\n\n[1, 2\n')
+    client.stdin.flush()
+    assert answer(client, None)["error"]["code"] == -32700  # refused by the service, the session goes on
+    assert call_kit(client, 3, "echo", message="still here")["result"]["content"][0]["text"] == "still here"
+    assert finish(client) == 0
+
+
 def test_service_sigkilled_under_clients(service: Service) -> None:
     client = service.connect()
     handshake(client)
