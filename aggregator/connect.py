@@ -1,22 +1,24 @@
-"""`aggregator connect`: a client's stdio carried to the per-user aggregator service.
+"""`aggregator connect`: a client's stdio handed (or carried) to the per-user aggregator service.
 
 What an MCP client runs instead of `aggregator serve`. It attaches to the service for
 this user and config (`aggregator.runtime`), starting it detached when none runs (a lock
-file makes two racing `connect`s start exactly one), then copies newline-delimited
-JSON-RPC both ways. Standard library only, no SDK import: it starts in tens of
-milliseconds and holds a few MB.
+file makes two racing `connect`s start exactly one). Standard library only, no SDK
+import: it starts in tens of milliseconds and holds a few MB.
 
-Each direction has its own thread, so a full pipe one way never stalls the other
-(the service stops reading when its in-flight bound is reached and waits for us to
-take its answers). EOF passes both ways: the client's EOF half-closes the socket, the
-service answers what is left and closes; the service's close ends this process.
+By default it then hands its own stdin and stdout to the service over the Unix socket
+(SCM_RIGHTS): the service reads and writes the client's pipes itself, so a call costs
+nothing more than with `serve`, and `connect` only waits. When the session ends (the
+client's EOF, answered and drained; or the service stopping or dying) the service closes
+the socket and `connect` exits, so the client sees its server end cleanly.
 
-If the service goes away while the client is still talking (stopped, killed,
-restarted), requests it had not answered get a JSON-RPC error at once, and the client's
-next message starts or finds a service again: the client's `initialize` and
-`notifications/initialized` are replayed first (the replayed answer is not passed on),
-so the client carries on in a new session without knowing. Nothing is resent that may
-already have run.
+With `--relay` it copies newline-delimited JSON-RPC both ways instead, one thread per
+direction so a full pipe one way never stalls the other. EOF passes both ways: the
+client's EOF half-closes the socket, the service answers what is left and closes. If the
+service goes away while the client is still talking, requests it had not answered get a
+JSON-RPC error at once, and the client's next message starts or finds a service again:
+the client's `initialize` (its answer awaited and dropped) and `notifications/initialized`
+are replayed first, so the client carries on in a new session. Nothing is resent that
+may already have run.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ DRAIN_TIMEOUT = 60.0  # after the client's EOF, for the service to answer what i
 SERVICE_GONE = -32000
 REPLAY_ID = "aggregator-connect-replay"
 LOG_ROTATE_BYTES = 8 << 20
+HANDOFF = b"\0"  # as downstream/unix.py HANDOFF (importing it would import anyio)
+FD_SIZE = 4  # a C int
 
 
 class ConnectError(Exception):
@@ -46,17 +50,20 @@ class ConnectError(Exception):
 
 
 USAGE = """\
-usage: aggregator connect [--config FILE] [--data-dir DIR] [--log-level LEVEL] [--start-timeout SECONDS]
+usage: aggregator connect [--config FILE] [--data-dir DIR] [--log-level LEVEL] [--start-timeout SECONDS] [--relay]
 
 What an MCP client runs instead of `aggregator serve`: attaches to this user's aggregator
-service for the config (starting it when none runs) and carries stdio to it.
+service for the config (starting it when none runs) and hands the client's stdio to it.
   --config FILE            the config file, found as `serve` finds it when not given
   --data-dir DIR           where indexes and snapshots live (as for serve)
   --log-level LEVEL        the service's log level when this starts it (default info)
   --start-timeout SECONDS  how long to wait for a new service to accept (default 30)
+  --relay                  carry the messages instead of handing stdio over: a little slower, and
+                           the session survives a restart of the service (the next message finds it)
 The service logs to a file: `aggregator service logs`. `--log-file` is accepted and ignored.
 """
 OPTIONS = ("--config", "--data-dir", "--log-level", "--log-file", "--start-timeout")
+FLAGS = ("--relay",)
 
 
 def parse_args(argv: Sequence[str]) -> dict[str, str]:
@@ -68,6 +75,9 @@ def parse_args(argv: Sequence[str]) -> dict[str, str]:
         if word in ("-h", "--help"):
             sys.stdout.write(USAGE)
             raise SystemExit(0)
+        if word in FLAGS:
+            found[word[2:]] = ""
+            continue
         name, has_value, value = word.partition("=")
         if name not in OPTIONS:
             raise SystemExit(f"aggregator connect: unrecognized argument {word!r}\n{USAGE}")
@@ -93,7 +103,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConnectError as exc:
         _say(str(exc))
         return 1
-    return Bridge(opener.open, first).run()
+    if "relay" in args:
+        return Bridge(opener.open, first).run()
+    return hand_off(first, files)
+
+
+def hand_off(sock: _socket.socket, files: ServiceFiles) -> int:
+    """Pass our stdin and stdout to the service (SCM_RIGHTS): it talks to the client with no hop between.
+
+    We stay, holding the socket, until the service ends the session (the client's EOF; the service
+    stopping or dying): the client sees its server process exit only then.
+    """
+    fds = b"".join(fd.to_bytes(FD_SIZE, sys.byteorder) for fd in (0, 1))
+    try:
+        sock.sendmsg([HANDOFF], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+    except OSError as exc:
+        _say(f"cannot pass stdio to the service: {exc}")
+        return 1
+    while _recv(sock):
+        pass
+    if not service_running(files.pid):
+        _say("the aggregator service went away; this session has ended (the next start of it finds a new one)")
+    return 0
 
 
 def _say(message: str) -> None:

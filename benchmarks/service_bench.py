@@ -11,9 +11,10 @@
    the answer of `initialize` (p50 and min of `--attaches`), beside the time this
    machine takes to start `python -c pass` (the floor of any Python process).
    Target: under 0.1 s.
-3. The connect hop: sequential `catalog_call_tool(echo)` round trips through
-   `connect` + service versus plain stdio `serve`, interleaved in blocks so machine
-   noise hits both alike; the added p50 per call. Target: under 0.2 ms.
+3. The connect hop: sequential `ping` and `catalog_call_tool(echo)` round trips through
+   `connect` (stdio handed to the service), `connect --relay` (messages carried) and the
+   service's socket spoken to directly, versus plain stdio `serve`, interleaved in blocks
+   so machine noise hits all alike; the added p50 per call. Target: under 0.2 ms.
 
 Upstreams: the official servers where `.ci/servers` has them (server-memory,
 -filesystem, -everything via node; mcp-server-time via its venv), the rest
@@ -298,24 +299,29 @@ def main() -> None:
 
         target = "kit01"
         print(f"\n3. per call, {options.blocks} interleaved blocks of {options.calls} calls per path")
-        paths = {"serve": Client(serve, env), "connect": Client(connect, env), "socket": SocketClient(runtime)}
+        paths = {
+            "serve": Client(serve, env),
+            "connect": Client(connect, env),
+            "relay": Client([*connect, "--relay"], env),
+            "socket": SocketClient(runtime),
+        }
         for client in paths.values():
             client.initialize()
             timed(client, target, 20)  # warm: the upstream is started, the code paths are hot
-        relay = paths["connect"].proc.pid  # type: ignore[attr-defined]
+        relay = paths["relay"].proc.pid  # type: ignore[attr-defined]
         for kind in ("ping", "echo"):
             times: dict[str, list[float]] = {name: [] for name in paths}
             cpu_before = cpu_seconds(relay)
             for _ in range(options.blocks):
                 for name, client in paths.items():
                     times[name] += timed(client, target if kind == "echo" else None, options.calls)
-            relay_cpu = (cpu_seconds(relay) - cpu_before) / len(times["connect"])
+            relay_cpu = (cpu_seconds(relay) - cpu_before) / len(times["relay"])
             p50 = {name: statistics.median(found) * 1000 for name, found in times.items()}
             print(
-                f"   {kind}: p50 serve {p50['serve']:.3f} ms, connect {p50['connect']:.3f} ms, service socket "
-                f"without connect {p50['socket']:.3f} ms; connect vs serve {p50['connect'] - p50['serve']:+.3f} ms, "
-                f"the connect hop alone {p50['connect'] - p50['socket']:+.3f} ms; "
-                f"connect's CPU per call {relay_cpu * 1e6:.0f} us"
+                f"   {kind}: p50 serve {p50['serve']:.3f} ms, connect {p50['connect']:.3f} ms "
+                f"({p50['connect'] - p50['serve']:+.3f}), connect --relay {p50['relay']:.3f} ms "
+                f"({p50['relay'] - p50['serve']:+.3f}; CPU of the relay per call {relay_cpu * 1e6:.0f} us), "
+                f"the service's socket spoken to directly {p50['socket']:.3f} ms"
             )
         for client in paths.values():
             client.close()

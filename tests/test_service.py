@@ -68,9 +68,9 @@ class Service:
         assert found is not None, "no service answers"
         return found
 
-    def connect(self, **env: str) -> subprocess.Popen[bytes]:
+    def connect(self, *flags: str, **env: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, "-m", "aggregator", "connect", "--config", str(self.config)],
+            [sys.executable, "-m", "aggregator", "connect", "--config", str(self.config), *flags],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -309,8 +309,9 @@ def test_a_client_eof_detaches_only_that_client(service: Service) -> None:
     assert finish(second) == 0
 
 
-def test_eof_with_a_call_running_still_gets_its_answer(service: Service) -> None:
-    client = service.connect()
+@pytest.mark.parametrize("relay", [False, True], ids=["hand-off", "relay"])
+def test_eof_with_a_call_running_still_gets_its_answer(service: Service, relay: bool) -> None:
+    client = service.connect(*(["--relay"] if relay else []))
     handshake(client)
     params = {"name": "catalog_call_tool", "arguments": {"server": "kit", "tool": "slow", "arguments": {"seconds": 1}}}
     send(client, {"id": 1, "method": "tools/call", "params": params})
@@ -323,8 +324,9 @@ def test_eof_with_a_call_running_still_gets_its_answer(service: Service) -> None
     assert service.status()["clients_attached"] == 0
 
 
-def test_big_answers_and_garbage_pass_intact(service: Service) -> None:
-    client = service.connect()
+@pytest.mark.parametrize("relay", [False, True], ids=["hand-off", "relay"])
+def test_big_answers_and_garbage_pass_intact(service: Service, relay: bool) -> None:
+    client = service.connect(*(["--relay"] if relay else []))
     handshake(client)
     big = call_kit(client, 1, "big", n=3_000_000)["result"]["content"][0]["text"]
     assert len(big) == 3_000_000
@@ -336,8 +338,9 @@ def test_big_answers_and_garbage_pass_intact(service: Service) -> None:
     assert finish(client) == 0
 
 
-def test_service_sigkilled_under_clients(service: Service) -> None:
-    client = service.connect()
+@pytest.mark.parametrize("relay", [False, True], ids=["hand-off", "relay"])
+def test_service_sigkilled_under_clients(service: Service, relay: bool) -> None:
+    client = service.connect(*(["--relay"] if relay else []))
     handshake(client)
     kit_pid = int(call_kit(client, 1, "pid")["result"]["content"][0]["text"])
     old = service.pid()
@@ -346,14 +349,24 @@ def test_service_sigkilled_under_clients(service: Service) -> None:
     send(client, {"id": 2, "method": "tools/call", "params": params})
     time.sleep(0.3)  # the call is with the upstream
     os.kill(old, signal.SIGKILL)
-    lost = answer(client, 2, timeout=10)
-    assert lost["error"]["code"] == -32000 and "stopped before answering" in lost["error"]["message"]
-    _wait_gone([kit_pid])  # no upstream outlives its service
-    # The next message starts a new service; the handshake is replayed, so the client just carries on.
-    assert call_kit(client, 3, "echo", message="again")["result"]["content"][0]["text"] == "again"
-    new = service.pid()
-    assert new is not None and new != old
-    assert finish(client) == 0
+    if relay:  # an error at once; the next message starts a new service, the handshake replayed
+        lost = answer(client, 2, timeout=10)
+        assert lost["error"]["code"] == -32000 and "stopped before answering" in lost["error"]["message"], lost
+        _wait_gone([kit_pid])  # no upstream outlives its service
+        echoed = call_kit(client, 3, "echo", message="again")
+        assert echoed.get("result", {}).get("content", [{}])[0].get("text") == "again", echoed
+        new = service.pid()
+        assert new is not None and new != old
+        assert finish(client) == 0
+    else:  # a clean end: connect exits, the client's stdout ends; the next connect starts a new service
+        assert client.stdout and client.stdout.read() == b""
+        assert client.wait(timeout=10) == 0
+        _wait_gone([kit_pid])
+        again = service.connect()
+        handshake(again)
+        assert call_kit(again, 3, "echo", message="again")["result"]["content"][0]["text"] == "again"
+        assert service.pid() not in (None, old)
+        assert finish(again) == 0
 
 
 def test_service_stops_when_idle_and_removes_its_sockets(service: Service) -> None:
@@ -395,7 +408,7 @@ def test_status_stop_logs_and_doctor(service: Service) -> None:
     assert "none runs" in run_cli("doctor", "--no-probe", "--config", str(service.config), env=env).stdout
     stopped = run_cli("service", "status", "--config", str(service.config), env=env)
     assert stopped.returncode == 3 and "no service runs" in stopped.stdout
-    client = service.connect()
+    client = service.connect("--relay")  # survives `service stop`: its next message starts a new service
     handshake(client)
     call_kit(client, 1, "echo", message="warm")
     shown = run_cli("service", "status", "--json", "--config", str(service.config), env=env)
@@ -444,10 +457,11 @@ def test_connect_is_dispatched_before_the_cli_is_imported() -> None:
 
 
 def test_connect_arguments() -> None:
-    assert parse_args(["--config", "a.yaml", "--data-dir=d", "--start-timeout", "2"]) == {
+    assert parse_args(["--config", "a.yaml", "--data-dir=d", "--start-timeout", "2", "--relay"]) == {
         "config": "a.yaml",
         "data-dir": "d",
         "start-timeout": "2",
+        "relay": "",
     }
     for bad in (["--nope"], ["--config"], ["serve"]):
         with pytest.raises(SystemExit) as raised:
