@@ -14,7 +14,6 @@ racing `connect`s take to start exactly one service, ``K.log`` the service's log
 from __future__ import annotations
 
 import _socket  # not `socket`: its enum conversions cost ~15 ms of `connect`'s start
-import fcntl
 import hashlib
 import os
 import stat
@@ -129,6 +128,8 @@ def read_pid_file(path: str) -> dict[str, Any] | None:
 
 def service_running(pid_file: str) -> bool:
     """True while a service holds the lock of `pid_file` (the kernel drops it when the service dies)."""
+    import fcntl  # not at the top: the CLI imports this module on Windows too, where there is no service
+
     try:
         fd = os.open(pid_file, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:

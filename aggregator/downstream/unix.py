@@ -143,7 +143,9 @@ async def _first_bytes(conn: socket.socket) -> tuple[bytes, list[int]]:
         await anyio.wait_readable(conn)
         try:
             data, ancillary, _flags, _address = conn.recvmsg(
-                READ_CHUNK, socket.CMSG_SPACE(2 * FD_SIZE), socket.MSG_CMSG_CLOEXEC
+                READ_CHUNK,
+                socket.CMSG_SPACE(2 * FD_SIZE),
+                getattr(socket, "MSG_CMSG_CLOEXEC", 0),  # not on macOS
             )
         except BlockingIOError:
             continue
