@@ -295,6 +295,28 @@ def answered_asking(proc: subprocess.Popen[bytes], request_id: int, tag: str) ->
             return json.dumps(message["result"])
 
 
+def test_a_config_reload_is_applied_once_for_every_client(service: Service, tmp_path: Path) -> None:
+    clients = [service.connect(), service.connect()]
+    for proc in clients:
+        handshake(proc)
+    write_config(tmp_path, {"kit": kit_upstream(), "kit2": kit_upstream()})
+    pid = service.pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGHUP)  # reload now rather than at the next poll of the file
+    listed = {"name": "catalog_list_servers", "arguments": {}}
+    for number, proc in enumerate(clients):
+        deadline = time.monotonic() + 15
+        while True:
+            send(proc, {"id": 10 + number, "method": "tools/call", "params": listed})
+            servers = answer(proc, 10 + number)["result"]["structuredContent"]["servers"]
+            if [server["name"] for server in servers] == ["kit", "kit2"]:
+                break
+            assert time.monotonic() < deadline, servers
+            time.sleep(0.1)
+    assert Path(service.files.log).read_text().count("config reloaded") == 1
+    assert [finish(proc) for proc in clients] == [0, 0]
+
+
 # ---------------------------------------------------------------- lifecycle
 
 
