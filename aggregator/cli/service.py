@@ -51,7 +51,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     connect = sub.add_parser(
         "connect",
         parents=[common],
-        help="what an MCP client runs: attach to this user's aggregator service (starting it), carry stdio",
+        help="what an MCP client runs: attach to this user's aggregator service (starting it), hand it stdio",
     )
     connect.add_argument("--data-dir", type=Path, help="where indexes and snapshots live (as for serve)")
     connect.set_defaults(standalone=_connect)
