@@ -8,6 +8,7 @@ user runs it (a subprocess).
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from aggregator.cli.main import build_parser
-from tests.conftest import kit_upstream, run_main, write_config
+from tests.conftest import aggregator_client, kit_upstream, run_main, structured, write_config
 from tests.test_cli import run_cli
 
 
@@ -114,3 +115,40 @@ def test_every_subcommand_and_option_has_help() -> None:
     assert missing == []
     for name, sub in commands.choices.items():
         assert sub.description, f"{name} has no description"
+
+
+def half_broken(directory: Path) -> Path:
+    """kit, and two entries unusable here: an unset variable (as after importing Cursor's `${env:DOCS_TOKEN}`)
+    and a VS Code `${input:...}` prompt."""
+    return write_config(
+        directory,
+        {
+            "kit": kit_upstream(),
+            "docs": {"url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer ${FD_UNSET_TOKEN}"}},
+            "vs": {"command": "x", "args": ["${input:token}"]},
+        },
+    )
+
+
+def test_an_unusable_entry_disables_that_upstream_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = half_broken(tmp_path)
+    done = run_main(capsys, "call", "kit", "echo", "message=hi", "--config", str(config))
+    assert (done.returncode, done.stdout) == (0, "hi\n"), done.stderr
+    warnings = done.stderr.splitlines()
+    assert len(warnings) == 2 and "upstream docs disabled" in warnings[0] and "FD_UNSET_TOKEN" in warnings[0]
+    assert "upstream vs disabled" in warnings[1] and "aggregator doctor" in warnings[1]
+    listed = run_main(capsys, "list-upstreams", "--config", str(config), "--json")
+    states = {row["name"]: row["state"] for row in json.loads(listed.stdout)["upstreams"]}
+    assert listed.returncode == 0 and states == {"kit": "configured", "docs": "disabled", "vs": "disabled"}
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("upstreams:\n  kit: {comand: x}\n")  # a broken file as a whole still exits 2
+    assert run_main(capsys, "tools", "--config", str(broken)).returncode == 2
+
+
+async def test_serve_warns_and_serves_the_others(tmp_path: Path) -> None:
+    with (tmp_path / "err.log").open("w") as errlog:
+        async with aggregator_client(half_broken(tmp_path), errlog=errlog) as session:
+            servers = structured(await session.call_tool("catalog_list_servers", {}))["servers"]
+            assert [s["name"] for s in servers] == ["kit"]
+    log = (tmp_path / "err.log").read_text()
+    assert log.count("upstream disabled") == 2 and "upstream=docs" in log and "upstream=vs" in log

@@ -95,10 +95,11 @@ def check_config(
     findings.append(Finding("ok", "config", f"{path}, {why}"))
     try:
         text = read_text(path)
-        parse_config(text, str(path), environ=everything_set())  # shape first: unset variables come next
+        shape = parse_config(text, str(path), environ=everything_set())  # shape first: unset variables come next
     except ConfigError as exc:
         findings.append(Finding("problem", "config", f"{exc.message.split(' Fix: ')[0]}", exc.fix))
         return None
+    findings += _broken_entries(shape.broken)
     missing = _unset_variables(text, path, environ)
     findings.append(Finding("ok", "config", "valid" + (" (variables aside)" if missing else "")))
     for name, variables in missing.items():
@@ -115,6 +116,15 @@ def check_config(
     config = parse_config(text, str(path), environ={**placeholders, **environ})
     complete = {name: up for name, up in config.upstreams.items() if name not in missing}
     return config.model_copy(update={"upstreams": complete})
+
+
+def _broken_entries(broken: Mapping[str, str]) -> list[Finding]:
+    """An entry this aggregator cannot use whatever the environment (`${input:...}`, unknown transport)."""
+    findings = []
+    for name, message in broken.items():
+        problem, _, fix = message.partition(". Fix: ")
+        findings.append(Finding("problem", f"upstream {name}", f"disabled: {problem}", fix.rstrip(".")))
+    return findings
 
 
 def _unset_variables(text: str, path: Path, environ: Mapping[str, str]) -> dict[str, list[str]]:

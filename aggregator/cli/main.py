@@ -169,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"aggregator: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    _report_broken(config, serving=args.command == "serve")
     if settings.max_result_bytes is not None:
         config = config.model_copy(update={"max_result_bytes": settings.max_result_bytes})
     commands: dict[str, Callable[[argparse.Namespace, AggregatorConfig, Settings], Awaitable[int]]] = {
@@ -178,6 +179,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "refresh": _refresh,
     }
     return _run(getattr(args, "handler", None) or commands[args.command], args, config, settings)
+
+
+def _report_broken(config: AggregatorConfig, *, serving: bool) -> None:
+    """One warning per upstream whose entry cannot be used here (it is left out; the others serve)."""
+    for name, problem in config.broken.items():
+        if serving:
+            log.warning("upstream disabled: its entry cannot be used here", upstream=name, problem=problem)
+        else:
+            print(f"aggregator: upstream {name} disabled: {problem} (see: aggregator doctor)", file=sys.stderr)
 
 
 def _default_log_level(args: argparse.Namespace, settings: Settings) -> str:
@@ -322,6 +332,7 @@ async def _list_upstreams(args: argparse.Namespace, config: AggregatorConfig, se
             with progress_line("probing upstreams", len(pool.upstream_names())) as advance:
                 await pool.start_all(on_done=advance)
         rows = [_status_row(status) for status in pool.statuses()]
+        rows += [_broken_row(name, problem) for name, problem in config.broken.items()]
         elapsed = time.monotonic() - started
     if args.json:
         print(json.dumps({"config": config.source, "upstreams": rows}, indent=2, ensure_ascii=False))
@@ -358,6 +369,20 @@ def _status_row(status: Any) -> dict[str, Any]:
     }
 
 
+def _broken_row(name: str, problem: str) -> dict[str, Any]:
+    """A row for an upstream left out because its entry cannot be used here."""
+    empty = dict.fromkeys(("transport", "description", "tools", "catalog_age", "handshake", "snapshot_tools"))
+    return {
+        **empty,
+        "name": name,
+        "state": "disabled",
+        "last_error": problem,
+        "stderr_tail": [],
+        "snapshot_age": None,
+        "snapshot": None,
+    }
+
+
 def _snapshot_cell(status: Any) -> str | None:
     """`12 tools, 3h old`, or why there is no usable snapshot."""
     from aggregator.catalog.model import age_text
@@ -368,11 +393,13 @@ def _snapshot_cell(status: Any) -> str | None:
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    def cell(value: Any) -> str:
-        text = "-" if value is None else (str(value).splitlines() or [""])[0]
-        return text if len(text) <= 70 else text[:69] + "…"
+    """One line per row; the last column (an error, a note) is never cut, the others at 70 characters."""
 
-    return render_table(columns, [[cell(row[c]) for c in columns] for row in rows])
+    def cell(value: Any, last: bool) -> str:
+        text = "-" if value is None else (str(value).splitlines() or [""])[0]
+        return text if last or len(text) <= 70 else text[:69] + "…"
+
+    return render_table(columns, [[cell(row[c], c == columns[-1]) for c in columns] for row in rows])
 
 
 # ---------------------------------------------------------------- search

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from aggregator.config.envfile import read_env_file
-from aggregator.config.errors import ConfigError, Context, KeyPath
+from aggregator.config.errors import ConfigError, Context, EntryError, KeyPath
 from aggregator.config.expand import Expander
 from aggregator.config.models import (
     DEFAULT_TIMEOUTS,
@@ -56,6 +56,7 @@ def build_config(data: Any, ctx: Context) -> AggregatorConfig:
         )
     upstreams: dict[str, UpstreamConfig] = {}
     disabled: list[str] = []
+    broken: dict[str, str] = {}
     seen: dict[str, str] = {}
     for raw_name, entry in servers.items():
         name = _check_name(raw_name, section, seen, ctx)
@@ -64,13 +65,19 @@ def build_config(data: Any, ctx: Context) -> AggregatorConfig:
         if isinstance(model, RawClientServer) and model.disabled:
             disabled.append(name)
             continue
-        upstreams[name] = _build_upstream(name, model, path, timeouts, defaults, ctx)
+        try:
+            upstreams[name] = _build_upstream(name, model, path, timeouts, defaults, ctx)
+        except EntryError as exc:  # this upstream alone is unusable here; the others serve
+            if ctx.strict:
+                raise
+            broken[name] = exc.message.split(": ", 1)[1]  # without the file: the config names it
     return AggregatorConfig(
         upstreams=upstreams,
         timeouts=timeouts,
         max_result_bytes=defaults.max_result_bytes,
         source=ctx.source,
         disabled=sorted(disabled),
+        broken=broken,
     )
 
 

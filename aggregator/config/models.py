@@ -129,6 +129,7 @@ class AggregatorConfig(BaseModel):
     timeouts: Timeouts = Field(default_factory=Timeouts)
     max_result_bytes: int = Field(default=262144, ge=1024)
     source: str = BUILTIN_SOURCE
+    broken: dict[str, str] = Field(default_factory=dict)  # name → why its entry is unusable here (EntryError)
     disabled: list[str] = Field(default_factory=list)  # client entries skipped by `disabled: true`
 
     @field_validator("upstreams")
