@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,16 @@ from pathlib import Path
 import pytest
 
 from aggregator.cli.main import build_parser
-from tests.conftest import aggregator_client, kit_upstream, run_main, structured, write_config
+from tests.conftest import (
+    aggregator_client,
+    aggregator_env,
+    free_port,
+    kit_upstream,
+    run_main,
+    structured,
+    wait_for_port,
+    write_config,
+)
 from tests.test_cli import run_cli
 
 
@@ -152,3 +162,36 @@ async def test_serve_warns_and_serves_the_others(tmp_path: Path) -> None:
             assert [s["name"] for s in servers] == ["kit"]
     log = (tmp_path / "err.log").read_text()
     assert log.count("upstream disabled") == 2 and "upstream=docs" in log and "upstream=vs" in log
+
+
+SERVE_HTTP = [sys.executable, "-m", "aggregator", "serve", "--transport", "http"]
+
+
+def test_serve_http_says_where_and_stops_cleanly(tmp_path: Path) -> None:
+    """The URL (and where the token comes from) on start; SIGTERM with ready, idle upstreams logs no failure."""
+    config = write_config(tmp_path, {"kit": kit_upstream(start="eager"), "two": kit_upstream(start="eager")})
+    port = free_port()
+    proc = subprocess.Popen(
+        [*SERVE_HTTP, "--port", str(port), "--config", str(config), "--log-level", "info"],
+        stderr=subprocess.PIPE,
+        env=aggregator_env(),
+    )
+    try:
+        assert proc.stderr is not None
+        banner = proc.stderr.readline().decode()
+        assert f"serving MCP at http://127.0.0.1:{port}/mcp" in banner and "AGGREGATOR_TOKEN" in banner
+        wait_for_port(port, proc)
+        ready: list[str] = []
+        while len(ready) < 2:  # both upstreams up and idle
+            line = proc.stderr.readline().decode()
+            assert line, "the aggregator ended early"
+            ready += [line] if "upstream ready" in line else []
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0
+    log = rest.decode()
+    assert "stopping on signal" in log
+    assert not [line for line in log.splitlines() if "level=warning" in line or "level=error" in line], log

@@ -271,36 +271,52 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
         except HttpConfigError as exc:
             print(f"aggregator: {exc}", file=sys.stderr)
             return EXIT_USAGE
+    if sock is not None:
+        print(_http_banner(sock, token), file=sys.stderr, flush=True)
     log.info("starting", config=config.source, upstreams=len(config.upstreams), transport=args.transport)
+    serving = anyio.CancelScope()  # a signal ends the serving only: the pool then stops its upstreams in order
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_stop_on_signal, tg.cancel_scope)
+        tg.start_soon(_stop_on_signal, serving)
         watch = Path(config.source) if Path(config.source).is_file() else None  # not the built-in default
         async with UpstreamPool.running(config, data_dir, watch=watch) as pool:
             server = AggregatorServer(
                 pool, data_dir=data_dir, max_result_bytes=config.max_result_bytes, search_max_k=settings.search_max_k
             )
             async with server.running():
-                if sock is None:
-                    await _serve_stdio(server, settings)
-                else:
-                    limits = HttpLimits(
-                        max_sessions=settings.http_max_sessions,
-                        max_sessions_per_client=settings.http_max_sessions_per_client,
-                        session_idle_seconds=settings.http_session_idle_seconds,
-                        header_timeout=settings.http_header_timeout,
-                        body_timeout=settings.http_body_timeout,
-                    )
-                    app = build_app(
-                        server,
-                        host=args.host,
-                        port=args.port,
-                        token=token,
-                        allowed_hosts=args.allow_host,
-                        limits=limits,
-                    )
-                    await serve_http(app, sock, limits=limits)
+                with serving:
+                    if sock is None:
+                        await _serve_stdio(server, settings)
+                    else:
+                        limits = HttpLimits(
+                            max_sessions=settings.http_max_sessions,
+                            max_sessions_per_client=settings.http_max_sessions_per_client,
+                            session_idle_seconds=settings.http_session_idle_seconds,
+                            header_timeout=settings.http_header_timeout,
+                            body_timeout=settings.http_body_timeout,
+                        )
+                        app = build_app(
+                            server,
+                            host=args.host,
+                            port=args.port,
+                            token=token,
+                            allowed_hosts=args.allow_host,
+                            limits=limits,
+                        )
+                        await serve_http(app, sock, limits=limits)
         tg.cancel_scope.cancel()
     return 0
+
+
+def _http_banner(sock: Any, token: str | None) -> str:
+    """Where clients connect, and where the bearer token comes from (never the token itself)."""
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    auth = (
+        "clients send 'Authorization: Bearer <the value of AGGREGATOR_TOKEN>'"
+        if token
+        else "no token required (set AGGREGATOR_TOKEN to require one)"
+    )
+    return f"aggregator: serving MCP at http://{shown}:{port}/mcp; {auth}; Ctrl-C stops"
 
 
 async def _serve_stdio(server: Any, settings: Settings) -> None:
