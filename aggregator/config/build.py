@@ -18,6 +18,7 @@ from aggregator.config.models import (
     NAME_PATTERN,
     RESERVED_NAME,
     AggregatorConfig,
+    OwnTools,
     Timeouts,
     UpstreamConfig,
 )
@@ -46,6 +47,7 @@ def build_config(data: Any, ctx: Context) -> AggregatorConfig:
     client_shape = section != "upstreams"
     _check_top_keys(data, client_shape, ctx)
     defaults = _build_defaults(data.get("defaults"), ctx)
+    own_tools = _build_own_tools(data.get("own_tools"), ctx)
     timeouts = _default_timeouts(defaults)
     servers = data.get(section)
     if servers is None:
@@ -78,6 +80,7 @@ def build_config(data: Any, ctx: Context) -> AggregatorConfig:
         source=ctx.source,
         disabled=sorted(disabled),
         broken=broken,
+        own_tools=own_tools,
     )
 
 
@@ -116,6 +119,17 @@ def _build_defaults(raw: Any, ctx: Context) -> RawDefaults:
         raise ctx.error(("defaults",), "must be a mapping", "write defaults: {timeouts: {connect: 10, call: 60}}")
     model = _validate(RawDefaults, raw, ("defaults",), ctx)
     assert isinstance(model, RawDefaults)
+    return model
+
+
+def _build_own_tools(raw: Any, ctx: Context) -> OwnTools:
+    if raw is None:
+        return OwnTools()
+    if not isinstance(raw, dict):
+        fix = "write own_tools: {introspection: false, text_index: false}"
+        raise ctx.error(("own_tools",), "must be a mapping", fix)
+    model = _validate(OwnTools, raw, ("own_tools",), ctx)
+    assert isinstance(model, OwnTools)
     return model
 
 

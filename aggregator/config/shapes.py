@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 SERVER_SECTIONS = ("upstreams", "mcpServers", "servers")
-TOP_KEYS = (*SERVER_SECTIONS, "defaults")
+TOP_KEYS = (*SERVER_SECTIONS, "defaults", "own_tools")
 EXAMPLE_HINT = "see config/example.yaml for every key and its form"
 
 TRANSPORT_ALIASES: dict[str, Transport] = {
