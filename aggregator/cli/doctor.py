@@ -27,6 +27,7 @@ from aggregator.config.clients import Places, client_files, read_client_file
 from aggregator.config.expand import required_variables
 from aggregator.config.files import config_lookup, read_text
 from aggregator.config.importing import everything_set, is_aggregator_entry
+from aggregator.config.launcher import missing_command
 from aggregator.config.load import load_config, written_servers
 from aggregator.settings import Settings, resolve_data_dir
 
@@ -231,6 +232,20 @@ def check_data_dir(data_dir: Path) -> Finding:
     return Finding("ok", "data dir", f"{data_dir} is writable")
 
 
+def _gone_launchers(file: Any, entries: list[dict[str, Any]]) -> list[Finding]:
+    """A client entry whose aggregator command is gone (a deleted checkout's venv): the client cannot start it."""
+    return [
+        Finding(
+            "problem",
+            f"client {file.label}",
+            f"{file.path}: the aggregator entry runs {entry['command']}, which no longer exists",
+            f"aggregator install {file.client} (after installing the aggregator with pipx or uv tool install)",
+        )
+        for entry in entries
+        if isinstance(entry.get("command"), str) and missing_command(entry["command"])
+    ]
+
+
 def check_clients(places: Places) -> list[Finding]:
     """Which client files start the aggregator; a client file that does not parse is a problem."""
     findings: list[Finding] = []
@@ -244,8 +259,10 @@ def check_clients(places: Places) -> list[Finding]:
             fix = f"correct the file (in {file.client} or by hand)"
             findings.append(Finding("problem", f"client {file.label}", f"{file.path}: {exc.problem}", fix))
             continue
-        if any(isinstance(entry, dict) and is_aggregator_entry(entry) for entry in servers.values()):
+        entries = [entry for entry in servers.values() if isinstance(entry, dict) and is_aggregator_entry(entry)]
+        if entries:
             installed.append(f"{file.label} ({file.path})")
+        findings += _gone_launchers(file, entries)
     if installed:
         findings.append(Finding("ok", "clients", "the aggregator is installed in " + ", ".join(installed)))
     else:
