@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from aggregator.cli.main import build_parser
+from aggregator.table import count
 from tests.conftest import (
     aggregator_client,
     aggregator_env,
@@ -195,3 +197,15 @@ def test_serve_http_says_where_and_stops_cleanly(tmp_path: Path) -> None:
     log = rest.decode()
     assert "stopping on signal" in log
     assert not [line for line in log.splitlines() if "level=warning" in line or "level=error" in line], log
+
+
+def test_plurals_and_units(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (count(1, "tool"), count(0, "tool"), count(2, "entry", "entries")) == ("1 tool", "0 tools", "2 entries")
+    config = write_config(tmp_path, {"kit": kit_upstream()})
+    done = run_main(capsys, "list-upstreams", "--probe", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    assert "probed 1 upstream in " in done.stdout and " s; 1 ready" in done.stdout
+    row = next(line for line in done.stdout.splitlines() if line.startswith("kit "))
+    assert re.search(r"\d\.\d\d s", row), row  # the handshake with its unit
+    refreshed = run_main(capsys, "refresh", "--config", str(config))
+    assert "refreshed 1 of 1 snapshot in " in refreshed.stdout

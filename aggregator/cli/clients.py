@@ -45,7 +45,7 @@ from aggregator.config.models import RESERVED_NAME
 from aggregator.config.roundtrip import backup, merge_servers_yaml, write_atomic
 from aggregator.settings import Settings
 from aggregator.suggest import did_you_mean
-from aggregator.table import render_table
+from aggregator.table import count, render_table
 
 __all__ = ["register"]
 
@@ -284,7 +284,7 @@ async def _install(args: argparse.Namespace, settings: Settings) -> int:
     write_atomic(file.path, new_text)
     moved = len(plan.items) - len(keep)
     print(
-        f"{file.client}: {file.path} now starts the aggregator with {target}; {moved} servers moved behind it"
+        f"{file.client}: {file.path} now starts the aggregator with {target}; {count(moved, 'server')} moved behind it"
         + (f", {len(keep)} kept in the client ({', '.join(keep)}: see import)" if keep else "")
         + f". Original kept as {saved}; undo with: aggregator uninstall {file.client}"
     )

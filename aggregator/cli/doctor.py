@@ -30,6 +30,7 @@ from aggregator.config.importing import everything_set, is_aggregator_entry
 from aggregator.config.launcher import missing_command
 from aggregator.config.load import load_config, written_servers
 from aggregator.settings import Settings, resolve_data_dir
+from aggregator.table import count
 
 __all__ = ["register"]
 
@@ -172,7 +173,8 @@ async def check_upstreams(config: AggregatorConfig, findings: list[Finding], *, 
         for status in pool.statuses():
             subject = f"upstream {status.name}"
             if status.state == "ready":
-                detail = f"ready, {status.tool_count} tools, handshake {status.handshake_seconds or 0:.2f}s"
+                tools = count(status.tool_count or 0, "tool")
+                detail = f"ready, {tools}, handshake {status.handshake_seconds or 0:.2f} s"
                 findings.append(Finding("ok", subject, detail))
             else:
                 error = status.last_error or "did not start"

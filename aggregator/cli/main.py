@@ -30,7 +30,7 @@ from aggregator.faults import Fault
 from aggregator.log import configure_logging, get_logger, redact_text, register_secrets
 from aggregator.settings import Settings, load_settings, resolve_data_dir
 from aggregator.suggest import closest
-from aggregator.table import render_table
+from aggregator.table import count, render_table
 
 log = get_logger(__name__)
 
@@ -358,7 +358,7 @@ async def _list_upstreams(args: argparse.Namespace, config: AggregatorConfig, se
         print(_table(rows, columns))
         if args.probe:
             failed = [row for row in rows if row["state"] not in ("ready",)]
-            print(f"\nprobed {len(rows)} upstreams in {elapsed:.2f}s; {len(rows) - len(failed)} ready")
+            print(f"\nprobed {count(len(rows), 'upstream')} in {elapsed:.2f} s; {len(rows) - len(failed)} ready")
             for row in failed:
                 if row["stderr_tail"]:
                     print(f"\n--- {row['name']} stderr (last lines) ---")
@@ -404,18 +404,30 @@ def _snapshot_cell(status: Any) -> str | None:
     from aggregator.catalog.model import age_text
 
     if status.snapshot_tool_count is not None:
-        return f"{status.snapshot_tool_count} tools, {age_text(status.snapshot_age or 0.0)} old"
+        return f"{count(status.snapshot_tool_count, 'tool')}, {age_text(status.snapshot_age or 0.0)} old"
     return f"ignored: {status.snapshot_note}" if status.snapshot_note else None
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     """One line per row; the last column (an error, a note) is never cut, the others at 70 characters."""
 
-    def cell(value: Any, last: bool) -> str:
+    def cell(column: str, value: Any) -> str:
+        if isinstance(value, int | float) and column in _UNITS:
+            value = _UNITS[column](value)
         text = "-" if value is None else (str(value).splitlines() or [""])[0]
-        return text if last or len(text) <= 70 else text[:69] + "…"
+        return text if column == columns[-1] or len(text) <= 70 else text[:69] + "…"
 
-    return render_table(columns, [[cell(row[c], c == columns[-1]) for c in columns] for row in rows])
+    return render_table(columns, [[cell(c, row[c]) for c in columns] for row in rows])
+
+
+def _age(seconds: float) -> str:
+    from aggregator.catalog.model import age_text
+
+    return age_text(seconds)
+
+
+_UNITS: dict[str, Callable[[float], str]] = {"handshake": lambda s: f"{s:.2f} s", "catalog_age": _age}
+"""Table cells shown with their unit (the JSON keeps plain numbers of seconds)."""
 
 
 # ---------------------------------------------------------------- search
@@ -475,7 +487,7 @@ async def _refresh(args: argparse.Namespace, config: AggregatorConfig, settings:
         print(f"snapshots: {data_dir / 'catalogs'}")
         print(_table(rows, ["name", "state", "tools", "handshake", "snapshot"]))
         done = sum(1 for row in rows if row["written"])
-        print(f"\nrefreshed {done} of {len(rows)} snapshots in {elapsed:.2f}s")
+        print(f"\nrefreshed {done} of {count(len(rows), 'snapshot')} in {elapsed:.2f} s")
     return 0 if all(row["written"] for row in rows) else 1
 
 
