@@ -477,7 +477,8 @@ async def _refresh(args: argparse.Namespace, config: AggregatorConfig, settings:
     data_dir = _data_dir(args, settings)
     async with UpstreamPool.running(config, data_dir) as pool:
         started = time.monotonic()
-        outcome = await pool.start_all(names)
+        with progress_line("refreshing upstreams", len(names)) as advance:
+            outcome = await pool.start_all(names, on_done=advance)
         await pool.flush_snapshots()
         elapsed = time.monotonic() - started
         rows = [_refresh_row(pool, name, fault) for name, fault in outcome.items()]
