@@ -9,6 +9,7 @@ prints one line naming the file, the key and the fix, and exits with code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -178,7 +179,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         "search": _search,
         "refresh": _refresh,
     }
-    return _run(getattr(args, "handler", None) or commands[args.command], args, config, settings)
+    code = _run(getattr(args, "handler", None) or commands[args.command], args, config, settings)
+    if args.command == "serve" and argv is None:  # the real process, not a test calling main() in-process
+        _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> typing.NoReturn:
+    """Leave without the interpreter's teardown, which frees every object one by one (a second or more on
+    a busy machine, while the client waits for us to go): every upstream is stopped and every line
+    written by now, so only the buffers are left to flush."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _report_broken(config: AggregatorConfig, *, serving: bool) -> None:
