@@ -209,3 +209,17 @@ def test_plurals_and_units(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert re.search(r"\d\.\d\d s", row), row  # the handshake with its unit
     refreshed = run_main(capsys, "refresh", "--config", str(config))
     assert "refreshed 1 of 1 snapshot in " in refreshed.stdout
+
+
+def test_an_unexpected_error_is_one_line_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last guard: whatever no command handled (here a bug, injected) is one line and exit 1."""
+    import aggregator.cli.calls as calls
+
+    async def broken(*_args: object) -> int:
+        raise RuntimeError("injected\nsecond line")
+
+    monkeypatch.setattr(calls, "_tools", broken)
+    config = write_config(tmp_path, {"kit": kit_upstream()})
+    one_line(run_main(capsys, "tools", "--config", str(config)), 1, "unexpected RuntimeError: injected", "report")
