@@ -78,7 +78,7 @@ def test_an_upstream_that_cannot_start_is_one_line_exit_1(
 @pytest.mark.parametrize(
     ("argv", "parts"),
     [
-        (["serch", "time"], ["'serch'", "did you mean 'search'?", "aggregator --help"]),
+        (["serch", "time"], ["unknown command 'serch'", "did you mean 'search'?", "aggregator --help"]),
         (["install", "curser"], ["did you mean 'cursor'?"]),
         (["uninstall", "vscod"], ["did you mean 'vscode'?"]),
         (["import", "curser"], ["'curser' is neither a client nor a file", "did you mean 'cursor'?"]),

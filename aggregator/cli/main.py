@@ -55,9 +55,12 @@ def _with_suggestion(message: str) -> str:
         return message
     choices = re.findall(r"'([^']*)'", found["choices"]) or found["choices"].split(", ")
     guess = closest(found["word"], choices)
+    what = (
+        "unknown command" if message.startswith("argument COMMAND:") else f"{message[: found.start()]}invalid choice:"
+    )
     if guess is None:
-        return message
-    return f"{message[: found.start()]}invalid choice: {found['word']!r}; did you mean {guess!r}?"
+        return f"{what} {found['word']!r} (choose from {', '.join(choices)})"
+    return f"{what} {found['word']!r}; did you mean {guess!r}?"
 
 
 def _port(text: str) -> int:
