@@ -17,6 +17,7 @@ from typing import Any
 import mcp.types as types
 
 from aggregator.catalog.search import ToolSearchIndex
+from aggregator.cli.progress import upstream_progress
 from aggregator.config import AggregatorConfig
 from aggregator.faults import PROGRAMMER_REASONS, Fault
 from aggregator.settings import Settings, resolve_data_dir
@@ -168,7 +169,9 @@ async def _call(args: argparse.Namespace, config: AggregatorConfig, settings: Se
             print(f"aggregator call: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
         request = {"server": args.server, "tool": args.tool, "arguments": arguments}
-        raw = _wire(await family.call_tool(request, ToolContext()))
+        with upstream_progress(f"{args.server} {args.tool}") as report:  # a bar on a terminal only
+            ctx = ToolContext(report_progress=report) if report is not None else ToolContext()
+            raw = _wire(await family.call_tool(request, ctx))
         is_error = bool(raw.get("isError"))
         fault = _fault_of(raw)
         if args.json:

@@ -49,7 +49,7 @@ from aggregator.config.roundtrip import FileChanged, backup, current_text, merge
 from aggregator.files import write_atomically
 from aggregator.settings import Settings
 from aggregator.suggest import did_you_mean
-from aggregator.table import render_table
+from aggregator.table import count, render_table
 
 __all__ = ["register"]
 
@@ -342,7 +342,7 @@ def install_client(
     saved = _write_client(file, original, new_text)
     moved = len(plan.items) - len(keep)
     return (
-        f"{file.client}: {file.path} now starts the aggregator with {target}; {moved} servers moved behind it"
+        f"{file.client}: {file.path} now starts the aggregator with {target}; {count(moved, 'server')} moved behind it"
         + (f", {len(keep)} kept in the client ({', '.join(keep)}: see import)" if keep else "")
         + f". Original kept as {saved}; undo with: aggregator uninstall {file.client}"
     )

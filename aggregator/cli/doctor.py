@@ -27,8 +27,10 @@ from aggregator.config.clients import Places, client_files, read_client_file
 from aggregator.config.expand import required_variables
 from aggregator.config.files import config_lookup, read_text
 from aggregator.config.importing import everything_set, is_aggregator_entry
+from aggregator.config.launcher import missing_command
 from aggregator.config.load import load_config, written_servers
 from aggregator.settings import Settings, resolve_data_dir
+from aggregator.table import count
 from aggregator.upstream.auth import login_command
 
 __all__ = ["register"]
@@ -98,10 +100,11 @@ def check_config(
     findings.append(Finding("ok", "config", f"{path}, {why}"))
     try:
         text = read_text(path)
-        parse_config(text, str(path), environ=everything_set())  # shape first: unset variables come next
+        shape = parse_config(text, str(path), environ=everything_set())  # shape first: unset variables come next
     except ConfigError as exc:
         findings.append(Finding("problem", "config", f"{exc.message.split(' Fix: ')[0]}", exc.fix))
         return None
+    findings += _broken_entries(shape.broken)
     missing = _unset_variables(text, path, environ)
     findings.append(Finding("ok", "config", "valid" + (" (variables aside)" if missing else "")))
     for name, variables in missing.items():
@@ -118,6 +121,15 @@ def check_config(
     config = parse_config(text, str(path), environ={**placeholders, **environ})
     complete = {name: up for name, up in config.upstreams.items() if name not in missing}
     return config.model_copy(update={"upstreams": complete})
+
+
+def _broken_entries(broken: Mapping[str, str]) -> list[Finding]:
+    """An entry this aggregator cannot use whatever the environment (`${input:...}`, unknown transport)."""
+    findings = []
+    for name, message in broken.items():
+        problem, _, fix = message.partition(". Fix: ")
+        findings.append(Finding("problem", f"upstream {name}", f"disabled: {problem}", fix.rstrip(".")))
+    return findings
 
 
 def _unset_variables(text: str, path: Path, environ: Mapping[str, str]) -> dict[str, list[str]]:
@@ -169,7 +181,8 @@ async def check_upstreams(
         for status in pool.statuses():
             subject = f"upstream {status.name}"
             if status.state == "ready":
-                detail = f"ready, {status.tool_count} tools, handshake {status.handshake_seconds or 0:.2f}s"
+                tools = count(status.tool_count or 0, "tool")
+                detail = f"ready, {tools}, handshake {status.handshake_seconds or 0:.2f} s"
                 findings.append(Finding("ok", subject, detail))
             else:
                 error = status.last_error or "did not start"
@@ -256,6 +269,20 @@ def check_service(args: argparse.Namespace) -> Finding:
     return Finding(level, "service", detail, fix)
 
 
+def _gone_launchers(file: Any, entries: list[dict[str, Any]]) -> list[Finding]:
+    """A client entry whose aggregator command is gone (a deleted checkout's venv): the client cannot start it."""
+    return [
+        Finding(
+            "problem",
+            f"client {file.label}",
+            f"{file.path}: the aggregator entry runs {entry['command']}, which no longer exists",
+            f"aggregator install {file.client} (after installing the aggregator with pipx or uv tool install)",
+        )
+        for entry in entries
+        if isinstance(entry.get("command"), str) and missing_command(entry["command"])
+    ]
+
+
 def check_clients(places: Places) -> list[Finding]:
     """Which client files start the aggregator; a client file that does not parse is a problem."""
     findings: list[Finding] = []
@@ -269,8 +296,10 @@ def check_clients(places: Places) -> list[Finding]:
             fix = f"correct the file (in {file.client} or by hand)"
             findings.append(Finding("problem", f"client {file.label}", f"{file.path}: {exc.problem}", fix))
             continue
-        if any(isinstance(entry, dict) and is_aggregator_entry(entry) for entry in servers.values()):
+        entries = [entry for entry in servers.values() if isinstance(entry, dict) and is_aggregator_entry(entry)]
+        if entries:
             installed.append(f"{file.label} ({file.path})")
+        findings += _gone_launchers(file, entries)
     if installed:
         findings.append(Finding("ok", "clients", "the aggregator is installed in " + ", ".join(installed)))
     else:

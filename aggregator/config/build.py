@@ -11,13 +11,14 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from aggregator.config.envfile import read_env_file
-from aggregator.config.errors import ConfigError, Context, KeyPath
+from aggregator.config.errors import ConfigError, Context, EntryError, KeyPath
 from aggregator.config.expand import Expander
 from aggregator.config.models import (
     DEFAULT_TIMEOUTS,
     NAME_PATTERN,
     RESERVED_NAME,
     AggregatorConfig,
+    OwnTools,
     Timeouts,
     UpstreamConfig,
 )
@@ -47,6 +48,7 @@ def build_config(data: Any, ctx: Context) -> AggregatorConfig:
     client_shape = section != "upstreams"
     _check_top_keys(data, client_shape, ctx)
     defaults = _build_defaults(data.get("defaults"), ctx)
+    own_tools = _build_own_tools(data.get("own_tools"), ctx)
     timeouts = _default_timeouts(defaults)
     servers = data.get(section)
     if servers is None:
@@ -57,6 +59,7 @@ def build_config(data: Any, ctx: Context) -> AggregatorConfig:
         )
     upstreams: dict[str, UpstreamConfig] = {}
     disabled: list[str] = []
+    broken: dict[str, str] = {}
     seen: dict[str, str] = {}
     for raw_name, entry in servers.items():
         name = _check_name(raw_name, section, seen, ctx)
@@ -65,13 +68,20 @@ def build_config(data: Any, ctx: Context) -> AggregatorConfig:
         if isinstance(model, RawClientServer) and model.disabled:
             disabled.append(name)
             continue
-        upstreams[name] = _build_upstream(name, model, path, timeouts, defaults, ctx)
+        try:
+            upstreams[name] = _build_upstream(name, model, path, timeouts, defaults, ctx)
+        except EntryError as exc:  # this upstream alone is unusable here; the others serve
+            if ctx.strict:
+                raise
+            broken[name] = exc.message.split(": ", 1)[1]  # without the file: the config names it
     return AggregatorConfig(
         upstreams=upstreams,
         timeouts=timeouts,
         max_result_bytes=defaults.max_result_bytes,
         source=ctx.source,
         disabled=sorted(disabled),
+        broken=broken,
+        own_tools=own_tools,
     )
 
 
@@ -110,6 +120,17 @@ def _build_defaults(raw: Any, ctx: Context) -> RawDefaults:
         raise ctx.error(("defaults",), "must be a mapping", "write defaults: {timeouts: {connect: 10, call: 60}}")
     model = _validate(RawDefaults, raw, ("defaults",), ctx)
     assert isinstance(model, RawDefaults)
+    return model
+
+
+def _build_own_tools(raw: Any, ctx: Context) -> OwnTools:
+    if raw is None:
+        return OwnTools()
+    if not isinstance(raw, dict):
+        fix = "write own_tools: {introspection: false, text_index: false}"
+        raise ctx.error(("own_tools",), "must be a mapping", fix)
+    model = _validate(OwnTools, raw, ("own_tools",), ctx)
+    assert isinstance(model, OwnTools)
     return model
 
 

@@ -128,7 +128,8 @@ def translate(entry: Any, client: str) -> tuple[dict[str, Any] | None, str]:
     if isinstance(kind, str):
         shape["mcpServers"]["s"]["type"] = kind
     try:
-        resolved = parse_config(json.dumps(shape), "<client>.json", environ=everything_set()).upstreams["s"]
+        checked = parse_config(json.dumps(shape), "<client>.json", environ=everything_set(), strict=True)
+        resolved = checked.upstreams["s"]
     except ConfigError as exc:
         return None, f"{exc.problem}; fix: {exc.fix}"
     if resolved.transport != "stdio" and not (resolved.transport == "http" and kind is None):

@@ -35,11 +35,17 @@ def load_config(
     return parse_config(read_text(found), str(found), environ=environ)
 
 
-def parse_config(text: str, source: str, *, environ: Mapping[str, str] | None = None) -> AggregatorConfig:
-    """Parse one config text. ``source`` names it in messages; a ``.json`` source is read as JSON."""
+def parse_config(
+    text: str, source: str, *, environ: Mapping[str, str] | None = None, strict: bool = False
+) -> AggregatorConfig:
+    """Parse one config text. ``source`` names it in messages; a ``.json`` source is read as JSON.
+
+    An entry unusable here (an unset variable, ``${input:...}``, an unknown transport) is left out and
+    named in ``broken``; with ``strict`` it is a `ConfigError` like any other problem.
+    """
     environ = os.environ if environ is None else environ
     data, lines = parse_data(text, source)
-    ctx = Context(source=source, lines=lines, environ=environ, base_dir=_base_dir(source))
+    ctx = Context(source=source, lines=lines, environ=environ, base_dir=_base_dir(source), strict=strict)
     return build_config(data, ctx)
 
 

@@ -15,6 +15,7 @@ __all__ = [
     "RESERVED_NAME",
     "AggregatorConfig",
     "Duration",
+    "OwnTools",
     "Timeouts",
     "ToolFilter",
     "Transport",
@@ -143,6 +144,18 @@ class UpstreamConfig(UpstreamPresentation):
         return self.expose == "direct" or tool_name in self.pin
 
 
+class OwnTools(BaseModel):
+    """Which families of the aggregator's own tools clients see (`own_tools:`); the catalog tools always.
+
+    Read at start: a change takes effect when the aggregator restarts.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    introspection: bool = True  # apropos-search, who-references (~1.9 KB of tools/list)
+    text_index: bool = True  # search_create_index, search_add_document, search_index (~3.7 KB)
+
+
 class AggregatorConfig(BaseModel):
     """The whole configuration. ``upstreams`` iterates in name order."""
 
@@ -152,6 +165,8 @@ class AggregatorConfig(BaseModel):
     timeouts: Timeouts = Field(default_factory=Timeouts)
     max_result_bytes: int = Field(default=262144, ge=1024)
     source: str = BUILTIN_SOURCE
+    own_tools: OwnTools = Field(default_factory=OwnTools)
+    broken: dict[str, str] = Field(default_factory=dict)  # name → why its entry is unusable here (EntryError)
     disabled: list[str] = Field(default_factory=list)  # client entries skipped by `disabled: true`
 
     @field_validator("upstreams")

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 SERVER_SECTIONS = ("upstreams", "mcpServers", "servers")
-TOP_KEYS = (*SERVER_SECTIONS, "defaults")
+TOP_KEYS = (*SERVER_SECTIONS, "defaults", "own_tools")
 EXAMPLE_HINT = "see config/example.yaml for every key and its form"
 
 TRANSPORT_ALIASES: dict[str, Transport] = {
@@ -184,7 +184,7 @@ def resolve_transport(raw: RawUpstream, url: str | None, path: KeyPath, ctx: Con
             continue
         transport = TRANSPORT_ALIASES.get(re.sub(r"[-_\s]", "", value.lower()))
         if transport is None:
-            raise ctx.error((*path, key), f"unknown transport {value!r}", FIX_HINTS[key])
+            raise ctx.entry_error((*path, key), f"unknown transport {value!r}", FIX_HINTS[key])
         given.append((key, transport))
     if len({transport for _, transport in given}) > 1:
         (key_a, a), (key_b, b) = given[0], given[1]

@@ -346,7 +346,8 @@ class UpstreamPool:
         try:
             await self.ensure_live_catalog(name)  # eager means started, even with a snapshot at hand
         except Fault as fault:
-            log.warning("eager start failed", upstream=name, reason=fault.message)
+            if not self._closing:  # a start abandoned by a shutdown is no failure
+                log.warning("eager start failed", upstream=name, reason=fault.message)
 
     async def _shutdown(self, tg: anyio.abc.TaskGroup) -> None:
         """Ask every owner task to stop; cancel what has not stopped after a grace period.
