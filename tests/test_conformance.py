@@ -88,6 +88,12 @@ def test_through_the_aggregator_prefixed(reference: str, tmp_path: Path) -> None
     check(outcome, tmp_path / "out", conformance.server_scenarios(), EXPECTED_FAILURES)
 
 
+def test_through_the_aggregator_with_the_upstreams_own_names(reference: str, tmp_path: Path) -> None:
+    with http_aggregator(ref_config(tmp_path, reference, prefix=False)) as url:
+        outcome = conformance.run_suite(url, conformance.SUITE, tmp_path / "out")
+    check(outcome, tmp_path / "out", conformance.server_scenarios(), EXPECTED_FAILURES)
+
+
 def test_each_lazy_scenario_alone_on_a_fresh_aggregator(reference: str, tmp_path: Path) -> None:
     """Each on its own aggregator with an empty data dir, a few at a time (CI time stays bounded)."""
     entry = conformance.suite_entry(tmp_path, "ref__")

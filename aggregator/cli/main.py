@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 from aggregator import __version__
 from aggregator.catalog.model import age_text
@@ -179,13 +180,23 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
             print(f"aggregator: {exc}", file=sys.stderr)
             return EXIT_USAGE
     log.info("starting", config=config.source, upstreams=len(config.upstreams), transport=args.transport)
+    status = 0
     async with anyio.create_task_group() as tg:
         tg.start_soon(_stop_on_signal, tg.cancel_scope)
         watch = Path(config.source) if Path(config.source).is_file() else None  # not the built-in default
         async with UpstreamPool.running(config, data_dir, watch=watch) as pool:
-            server = AggregatorServer(
-                pool, data_dir=data_dir, max_result_bytes=config.max_result_bytes, search_max_k=settings.search_max_k
-            )
+            try:
+                server = AggregatorServer(
+                    pool,
+                    data_dir=data_dir,
+                    max_result_bytes=config.max_result_bytes,
+                    search_max_k=settings.search_max_k,
+                )
+            except ConfigError as exc:  # names two upstreams claim (known from their snapshots)
+                print(f"aggregator: config error: {exc}", file=sys.stderr)
+                status = EXIT_USAGE
+                tg.cancel_scope.cancel()
+                await anyio.lowlevel.checkpoint()  # the cancellation unwinds the pool and the task group
             async with server.running():
                 if sock is None:
                     await _serve_stdio(server, settings)
@@ -207,7 +218,7 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
                     )
                     await serve_http(app, sock, limits=limits)
         tg.cancel_scope.cancel()
-    return 0
+    return status
 
 
 async def _serve_stdio(server: Any, settings: Settings) -> None:

@@ -26,6 +26,8 @@ RESERVED_NAME = "aggregator"
 BUILTIN_SOURCE = "<built-in default>"
 DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024  # one JSON-RPC message from an upstream
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
+PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,32}")
+"""A `prefix:` string (exposed names stay within ``^[A-Za-z0-9_-]{1,64}$``)."""
 """An upstream name; always used with ``fullmatch`` (``$`` would let a trailing newline through)."""
 
 Transport = Literal["stdio", "http", "sse"]
@@ -85,6 +87,14 @@ class UpstreamPresentation(BaseModel):
     pin: list[str] = Field(default_factory=list)
     tools: ToolFilter = Field(default_factory=ToolFilter)
     roots: list[str] = Field(default_factory=list)  # directories or URIs: roots/list when no client can say
+    prefix: bool | str = True  # exposed tool/prompt names: true <server>__name, false the name, or "<prefix>name"
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: bool | str) -> bool | str:
+        if isinstance(value, str) and not PREFIX_PATTERN.fullmatch(value):
+            raise ValueError(f"prefix {value!r} is not 1 to 32 of A-Z a-z 0-9 _ -")
+        return value
 
 
 class UpstreamConfig(UpstreamPresentation):
@@ -114,6 +124,13 @@ class UpstreamConfig(UpstreamPresentation):
         if self.transport != "stdio" and (self.url is None or self.command is not None):
             raise ValueError(f"an {self.transport} upstream needs a url and no command")
         return self
+
+    @property
+    def name_prefix(self) -> str:
+        """What goes before an exposed tool or prompt name: ``<server>__`` by default, else `prefix:`."""
+        if self.prefix is True:
+            return f"{self.name}__"
+        return self.prefix or ""
 
     def is_direct(self, tool_name: str) -> bool:
         """True if the tool is listed directly as ``<server>__<tool>`` (``expose: direct`` or pinned)."""

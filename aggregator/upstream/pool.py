@@ -96,6 +96,7 @@ class UpstreamPool:
         self._busy: dict[UpstreamConnection, int] = {}  # calls in flight, so a replaced upstream can finish them
         self._retiring: set[UpstreamConnection] = set()
         self._reconfigure_listeners: list[Callable[[ConfigDiff], None]] = []
+        self._config_checks: list[Callable[[AggregatorConfig], None]] = []
         self._closing = False
         self._snapshot_notes: dict[str, str] = {}
         self._unwritten: dict[str, Catalog] = {}  # the latest live listing not yet written, per upstream
@@ -335,8 +336,12 @@ class UpstreamPool:
         """Call `listener` with each applied `ConfigDiff` (the server updates exposure and search)."""
         self._reconfigure_listeners.append(listener)
 
+    def check_config(self, check: Callable[[AggregatorConfig], None]) -> None:
+        """Run `check` on every config before it is applied; it raises `ConfigError` to refuse one."""
+        self._config_checks.append(check)
+
     def apply_config(self, config: AggregatorConfig) -> ConfigDiff:
-        """Make the running pool match `config`.
+        """Make the running pool match `config`; a `check_config` check may refuse it (`ConfigError`).
 
         New upstreams are added; removed ones stop (process group included) once their calls in
         flight are done; changed ones are replaced by a fresh connection that starts on the next
@@ -344,6 +349,8 @@ class UpstreamPool:
         """
         if self._closing:
             return ConfigDiff([], [], [])
+        for check in self._config_checks:
+            check(config)
         old = self.config.upstreams
         diff = ConfigDiff(
             added=sorted(set(config.upstreams) - set(old)),
