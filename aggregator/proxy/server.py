@@ -212,7 +212,7 @@ class AggregatorServer:
             parts.append(INSTRUCTIONS_DIRECT.format(names=_shown(direct), unless=unless))
         parts.append(INSTRUCTIONS_TAIL.format(unless=unless))
         for name in direct:
-            said = self.pool.connection(name).instructions
+            said = self.pool.instructions(name)
             if said:
                 parts.append(f"From {name}: {capped_text(said, UPSTREAM_INSTRUCTIONS_CHARS)}")
         return "\n".join(parts)
@@ -230,11 +230,13 @@ class AggregatorServer:
         return self._listing
 
     async def _start_direct_upstreams(self) -> None:
-        """A direct upstream's listing is a need (DESIGN §3): start those not loaded, concurrently."""
+        """A direct upstream's listing is a need (DESIGN §3): start those not loaded, concurrently, and
+        those whose snapshot was listed under fewer client capabilities than offered now."""
         pending = [
             name
             for name in self._direct_predicates
-            if name not in self._direct_catalogs and not self.pool.in_backoff(name)
+            if (name not in self._direct_catalogs or self.pool.snapshot_falls_short(name))
+            and not self.pool.in_backoff(name)
         ]
         if pending:
             await self.pool.start_all(pending)

@@ -45,7 +45,7 @@ from aggregator.config import UpstreamConfig
 from aggregator.faults import Fault
 from aggregator.log import get_logger, redact_text
 from aggregator.sdk import ProgressFn, raw_notify, raw_request
-from aggregator.upstream.session import Downstream, NoDownstream, UpstreamSession
+from aggregator.upstream.session import Downstream, NoDownstream, UpstreamSession, offered_names
 from aggregator.upstream.transports import TOO_LARGE, StderrTail, TransportHandle, open_transport
 
 log = get_logger(__name__)
@@ -99,6 +99,7 @@ class UpstreamConnection:
         self.server_info: types.Implementation | None = None
         self.server_capabilities: types.ServerCapabilities | None = None
         self.instructions: str | None = None
+        self.offered: tuple[str, ...] = ()  # what was declared at the last initialize (`session.offered_names`)
         self.log_level: str | None = None  # the level clients asked for; sent on every (re)start
         self._downstream = downstream
         self._origins: dict[int, Any] = {}  # requests in flight, by a local key: who asked (for relays)
@@ -213,10 +214,16 @@ class UpstreamConnection:
             handle.write,
             message_handler=on_message,
             client_info=types.Implementation(name="aggregator", version=__version__),
-            capabilities=lambda: self._downstream().client_capabilities(),
+            capabilities=self._declare,
             on_request=self._relay_request,
             on_notification=self._relay_notification,
         )
+
+    def _declare(self) -> types.ClientCapabilities:
+        """The capabilities to declare at initialize: the clients' (kept, to record with the catalog)."""
+        capabilities = self._downstream().client_capabilities()
+        self.offered = offered_names(capabilities)
+        return capabilities
 
     async def _relay_request(self, method: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
         """A server→client request of this upstream, answered by the client whose request is in flight.
@@ -334,6 +341,7 @@ class UpstreamConnection:
             dropped=tuple(dropped),
             server_info=self.server_info.model_dump(by_alias=True, exclude_none=True) if self.server_info else None,
             instructions=self.instructions,
+            offered=self.offered,
         )
 
     async def _handle_message(self, run: _Run, message: Any) -> None:

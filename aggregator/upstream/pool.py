@@ -33,7 +33,7 @@ from aggregator.faults import Fault
 from aggregator.log import get_logger, register_secrets
 from aggregator.sdk import ProgressFn
 from aggregator.upstream.connection import State, UpstreamConnection
-from aggregator.upstream.session import Downstream, NoDownstream
+from aggregator.upstream.session import Downstream, NoDownstream, offered_names
 
 log = get_logger(__name__)
 
@@ -145,11 +145,35 @@ class UpstreamPool:
         return self.connection(name).in_backoff()
 
     async def ensure_catalog(self, name: str) -> Catalog:
-        """The current catalog (a snapshot will do); starts the upstream only when there is none."""
+        """The current catalog (a snapshot will do); starts the upstream only when there is none.
+
+        A snapshot listed under fewer client capabilities than the clients offer now does not do
+        (`snapshot_falls_short`): the upstream starts and lists what it lists to them.
+        """
         current = self._store.get(name)
-        if current is not None and current.is_snapshot:
+        if current is not None and current.is_snapshot and not self.snapshot_falls_short(name):
             return current
         return await self.connection(name).ensure_catalog()
+
+    def snapshot_falls_short(self, name: str) -> bool:
+        """True if the current catalog of `name` is a snapshot listed under fewer capabilities than offered now.
+
+        An upstream may list more tools to a client that can answer sampling, elicitation or
+        roots (server-everything: 13 to none, 17 to all three); a snapshot that does not record
+        what it was listed under counts as listed under none.
+        """
+        current = self._store.get(name)
+        if current is None or not current.is_snapshot:
+            return False
+        wanted = offered_names(self.downstream.client_capabilities())
+        return not set(wanted) <= set(current.offered or ())
+
+    def instructions(self, name: str) -> str | None:
+        """What the upstream said at its handshake: the running session's, else its snapshot's."""
+        said = self.connection(name).instructions
+        if said is None and (current := self._store.get(name)) is not None:
+            said = current.instructions
+        return said
 
     async def ensure_live_catalog(self, name: str) -> Catalog:
         """The catalog the running upstream lists, starting it if needed (replaces a snapshot)."""
@@ -299,7 +323,7 @@ class UpstreamPool:
             snapshot_tool_count=len(snapshot.exposed_tools) if snapshot else None,
             snapshot_age=snapshot.age() if snapshot else None,
             snapshot_note=self._snapshot_notes.get(name),
-            instructions=conn.instructions,
+            instructions=self.instructions(name),
         )
 
     def statuses(self) -> list[UpstreamStatus]:

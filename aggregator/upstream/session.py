@@ -41,6 +41,11 @@ RELAYABLE_CAPABILITIES = types.ClientCapabilities(
 """What the aggregator can relay: declared to an upstream started before any client is known."""
 
 
+def offered_names(capabilities: types.ClientCapabilities) -> tuple[str, ...]:
+    """The relayable capabilities declared in `capabilities`, by name, sorted (what a catalog was listed under)."""
+    return tuple(name for name in ("elicitation", "roots", "sampling") if getattr(capabilities, name) is not None)
+
+
 class Downstream(Protocol):
     """The aggregator's clients, as an upstream connection sees them."""
 
