@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from aggregator.catalog.model import Catalog, clean_tool
 from aggregator.config import AggregatorConfig, ConfigError, parse_config
@@ -115,3 +117,38 @@ async def test_a_reload_that_would_claim_a_name_twice_is_refused(tmp_path: Path)
             assert pool.config is before
             diff = pool.apply_config(config_of({"a": upstreams["a"], "b": kit_upstream(expose="direct", prefix="b_")}))
             assert diff.changed == ["b"]
+
+
+@given(
+    st.dictionaries(
+        st.from_regex(r"[A-Za-z0-9_-]{1,12}", fullmatch=True),
+        st.tuples(
+            st.one_of(st.none(), st.just(""), st.from_regex(r"[A-Za-z0-9_-]{1,32}", fullmatch=True)),
+            st.lists(st.text(min_size=1, max_size=80).filter(str.strip), max_size=5, unique=True),
+        ),
+        max_size=4,
+    )
+)
+def test_any_names_and_prefixes_give_strict_unique_names_or_named_clashes(
+    servers: dict[str, tuple[str | None, list[str]]],
+) -> None:
+    """Whatever the names and prefixes: every exposed name is strict, each is exposed once, and each
+    entry left out is a clash naming its first owner."""
+    catalogs = {
+        server: Catalog(
+            server, tuple(clean_tool(server, {"name": t, "inputSchema": {"type": "object"}}) for t in tools)
+        )
+        for server, (_prefix, tools) in servers.items()
+    }
+    prefixes = {server: prefix for server, (prefix, _tools) in servers.items() if prefix is not None}
+    clashes: list[Clash] = []
+    table = build_direct_tools(
+        catalogs, dict.fromkeys(catalogs, lambda _t: True), ["catalog_search_tools"], prefixes, clashes
+    )
+    assert all(STRICT.fullmatch(name) for name in table)
+    assert "catalog_search_tools" not in table
+    entries = sum(len(catalog.tools) for catalog in catalogs.values())
+    assert len(table) + len(clashes) == entries
+    for clash in clashes:
+        assert clash.name in table or clash.first == OWN
+        assert clash.second != clash.first
