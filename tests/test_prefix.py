@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -152,3 +153,22 @@ def test_any_names_and_prefixes_give_strict_unique_names_or_named_clashes(
     for clash in clashes:
         assert clash.name in table or clash.first == OWN
         assert clash.second != clash.first
+
+
+async def test_a_reload_renames_prompts_and_direct_tools(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"kit": kit_upstream(expose="direct")})
+    async with aggregator_client(config) as session:
+
+        async def names() -> set[str]:
+            tools = (await session.list_tools()).tools
+            prompts = (await session.list_prompts()).prompts
+            return {t.name for t in tools} | {p.name for p in prompts}
+
+        assert {"kit__echo", "kit__greet"} <= await names()
+        write_config(tmp_path, {"kit": kit_upstream(expose="direct", prefix="k_")})
+        with anyio.fail_after(30):
+            while not {"k_echo", "k_greet"} <= (seen := await names()):
+                await anyio.sleep(0.2)
+        assert not any(name.startswith("kit__") for name in seen)
+        echoed = await session.call_tool("k_echo", {"message": "hi"})
+        assert not echoed.is_error and echoed.content[0].text == "hi"  # type: ignore[union-attr]

@@ -100,11 +100,9 @@ class Passthrough:
             self.resources.rebuild(self._catalogs)
             self._changed_resources = True
         prompts = self._prompt_table()
-        if list(prompts) != list(self._prompts):
-            self._changed_prompts = True
-            self.on_change()
+        self._changed_prompts = self._changed_prompts or list(prompts) != list(self._prompts)
         self._prompts = prompts
-        if self._changed_resources:
+        if self._changed_prompts or self._changed_resources:
             self.on_change()
 
     async def announce(self, legacy: Sequence[Connection]) -> None:
