@@ -172,3 +172,18 @@ async def test_a_reload_renames_prompts_and_direct_tools(tmp_path: Path) -> None
         assert not any(name.startswith("kit__") for name in seen)
         echoed = await session.call_tool("k_echo", {"message": "hi"})
         assert not echoed.is_error and echoed.content[0].text == "hi"  # type: ignore[union-attr]
+
+
+async def test_a_reload_adding_an_upstream_whose_snapshot_claims_a_taken_name_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    plain = kit_upstream(expose="direct", prefix=False)
+    async with UpstreamPool.running(config_of({"b": plain}), data) as pool:  # b's catalog, on disk
+        assert await pool.start_all() == {"b": None}
+        await pool.flush_snapshots()
+    async with UpstreamPool.running(config_of({"a": plain}), data) as pool:
+        server = AggregatorServer(pool, data_dir=tmp_path, max_result_bytes=262144)
+        async with server.running():
+            assert await pool.start_all() == {"a": None}
+            with pytest.raises(ConfigError, match="claimed by upstream 'a' and by upstream 'b'"):
+                pool.apply_config(config_of({"a": plain, "b": plain}))
+            assert list(pool.config.upstreams) == ["a"]

@@ -284,11 +284,17 @@ class AggregatorServer:
     def check_names(self, config: AggregatorConfig) -> None:
         """Raise `ConfigError` naming both owners if `config` would expose a tool or prompt name twice.
 
-        Names come from the catalogs known now (live or snapshot): at start-up and before a reloaded
-        config is applied. A catalog listed later that claims a taken name is logged, and the first
-        owner keeps the name.
+        Names come from the catalogs known now (live or snapshot; for an upstream a reload adds, its
+        snapshot on disk): at start-up and before a reloaded config is applied. A catalog listed
+        later that claims a taken name is logged, and the first owner keeps the name.
         """
-        catalogs = {name: c for name, c in self.pool.store.loaded().items() if name in config.upstreams}
+        known, running = self.pool.store.loaded(), self.pool.config.upstreams
+        catalogs: dict[str, Catalog] = {}
+        for name, upstream in config.upstreams.items():
+            unchanged = running.get(name) == upstream
+            catalog = known.get(name) if unchanged else self.pool.snapshot_on_disk(upstream) or known.get(name)
+            if catalog is not None:
+                catalogs[name] = catalog
         prefixes = name_prefixes(config)
         clashes: list[Clash] = []
         build_direct_tools(catalogs, _direct_predicates(config), self._own, prefixes, clashes)

@@ -27,7 +27,7 @@ import anyio.to_thread
 from aggregator.catalog.model import Catalog, ToolEntry, age_text
 from aggregator.catalog.snapshot import SnapshotDir, fingerprint
 from aggregator.catalog.store import CatalogStore
-from aggregator.config import AggregatorConfig, ToolFilter
+from aggregator.config import AggregatorConfig, ToolFilter, UpstreamConfig
 from aggregator.config.watch import watch_config
 from aggregator.faults import Fault
 from aggregator.log import get_logger, register_secrets
@@ -431,6 +431,13 @@ class UpstreamPool:
                 self._store.seed(outcome.catalog)
             elif outcome.problem or outcome.stale:
                 self._snapshot_notes[name] = outcome.problem or outcome.stale or ""
+
+    def snapshot_on_disk(self, upstream: UpstreamConfig) -> Catalog | None:
+        """The valid snapshot on disk for this definition of an upstream (read only, nothing seeded)."""
+        if self.snapshots is None or not upstream.snapshots:
+            return None
+        hide = _hidden_by(upstream.tools)
+        return self.snapshots.read(upstream.name, fingerprint(upstream), upstream.snapshot_max_age, hide).catalog
 
     def _on_catalog(self, server: str, catalog: Catalog | None) -> None:
         """A live listing arrived: have it written to its snapshot file in the background."""
