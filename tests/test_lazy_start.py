@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp.types as types
 import pytest
 from mcp import ClientSession
@@ -70,3 +71,40 @@ async def test_what_no_upstream_owns_is_a_clear_error_and_a_broken_upstream_harm
         assert found["kit"] == "ready" and found["broken"] in {"backoff", "failed"}
         got = await session.get_prompt("kit__greet", {"name": "Cy"})  # the broken one is in backoff: not retried
         assert "Cy" in got.messages[0].content.text  # type: ignore[union-attr]
+
+
+async def test_concurrent_needs_share_one_start_even_of_a_crashing_candidate(tmp_path: Path) -> None:
+    kit_log, broken_log = tmp_path / "kit.log", tmp_path / "broken.log"
+    upstreams = {
+        "broken": kit_upstream("--exit-at-start", "--spawn-log", str(broken_log)),
+        "kit": kit_upstream("--spawn-log", str(kit_log)),
+    }
+    async with aggregator_client(write_config(tmp_path, upstreams)) as session:
+        got: list[str] = []
+
+        async def need(i: int) -> None:
+            if i % 2:
+                got.append(text(await session.read_resource(f"testkit://items/{i}")))
+            else:
+                prompt = await session.get_prompt("kit__greet", {"name": f"n{i}"})
+                got.append(prompt.messages[0].content.text)  # type: ignore[union-attr]
+
+        async with anyio.create_task_group() as tg:
+            for i in range(10):
+                tg.start_soon(need, i)
+        assert len(got) == 10
+        assert len(kit_log.read_text().splitlines()) == 1  # ten needs, one start
+        errors: list[str] = []
+
+        async def unknown() -> None:
+            with pytest.raises(MCPError, match="unknown prompt") as refused:
+                await session.get_prompt("nobody__greet", {})
+            errors.append(refused.value.message)
+
+        starts = len(broken_log.read_text().splitlines())
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(unknown)
+        assert len(errors) == 5
+        # The crashing candidate starts again at most once for the five (single flight; none in its backoff window).
+        assert len(broken_log.read_text().splitlines()) - starts <= 1

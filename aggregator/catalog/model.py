@@ -185,6 +185,9 @@ class Catalog:
     dropped: tuple[str, ...] = ()  # one line per malformed entry that was dropped
     server_info: Mapping[str, Any] | None = None  # the upstream's serverInfo (camelCase wire dict)
     instructions: str | None = None  # the upstream's `instructions` from its handshake
+    # The client capabilities (roots, sampling, elicitation) declared to the upstream when it listed:
+    # some upstreams list more tools to a client that can answer more. None: not recorded.
+    offered: tuple[str, ...] | None = None
     origin: Literal["live", "snapshot"] = "live"
     # Derived once (a catalog never changes): every call looks its tool up by name.
     _by_name: dict[str, ToolEntry] = field(init=False, repr=False, compare=False)

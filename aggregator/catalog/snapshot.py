@@ -105,6 +105,7 @@ def encode(catalog: Catalog, digest: str) -> dict[str, Any]:
         "listed_at": catalog.loaded_at,
         "server_info": dict(catalog.server_info) if catalog.server_info is not None else None,
         "instructions": catalog.instructions,
+        "offered": list(catalog.offered) if catalog.offered is not None else None,
         "tools": [dict(tool.wire) for tool in catalog.tools],
         "prompts": [_prompt_wire(p) for p in catalog.prompts],
         "resources": [_resource_wire(r) for r in catalog.resources],
@@ -167,6 +168,9 @@ def decode(data: Any, server: str, hide: Callable[[str], bool]) -> tuple[Catalog
         raise SnapshotError("server_info is not an object")
     if instructions is not None and not isinstance(instructions, str):
         raise SnapshotError("instructions is not a string")
+    offered = data.get("offered")  # absent in snapshots written before it was recorded
+    if offered is not None and not (isinstance(offered, list) and all(isinstance(o, str) for o in offered)):
+        raise SnapshotError("offered is not a list of strings")
     try:
         catalog = Catalog(
             server=server,
@@ -179,6 +183,7 @@ def decode(data: Any, server: str, hide: Callable[[str], bool]) -> tuple[Catalog
             loaded_at=float(listed_at),
             server_info=server_info,
             instructions=instructions,
+            offered=tuple(offered) if offered is not None else None,
             origin="snapshot",
         )
     except (MalformedEntry, KeyError, TypeError, AttributeError) as exc:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 from aggregator import __version__
 from aggregator.cli.progress import progress_line
@@ -314,13 +315,23 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
         print(_http_banner(sock, token), file=sys.stderr, flush=True)
     log.info("starting", config=config.source, upstreams=len(config.upstreams), transport=args.transport)
     serving = anyio.CancelScope()  # a signal ends the serving only: the pool then stops its upstreams in order
+    status = 0
     async with anyio.create_task_group() as tg:
         tg.start_soon(_stop_on_signal, serving)
         watch = Path(config.source) if Path(config.source).is_file() else None  # not the built-in default
         async with UpstreamPool.running(config, data_dir, watch=watch) as pool:
-            server = AggregatorServer(
-                pool, data_dir=data_dir, max_result_bytes=config.max_result_bytes, search_max_k=settings.search_max_k
-            )
+            try:
+                server = AggregatorServer(
+                    pool,
+                    data_dir=data_dir,
+                    max_result_bytes=config.max_result_bytes,
+                    search_max_k=settings.search_max_k,
+                )
+            except ConfigError as exc:  # names two upstreams claim (known from their snapshots)
+                print(f"aggregator: config error: {exc}", file=sys.stderr)
+                status = EXIT_USAGE
+                tg.cancel_scope.cancel()
+                await anyio.lowlevel.checkpoint()  # the cancellation unwinds the pool and the task group
             async with server.running():
                 with serving:
                     if claim is not None:
@@ -345,7 +356,7 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
                         )
                         await serve_http(app, sock, limits=limits)
         tg.cancel_scope.cancel()
-    return 0
+    return status
 
 
 def _http_banner(sock: Any, token: str | None) -> str:

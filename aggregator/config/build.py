@@ -267,6 +267,7 @@ def _build_upstream(
         start=raw.start,
         expose=raw.expose,
         pin=pin,
+        prefix=raw.prefix,
         tools=raw.tools,
         roots=[expand.value(root, ("roots", i)) for i, root in enumerate(raw.roots)],
         sessions=raw.sessions,

@@ -27,6 +27,8 @@ RESERVED_NAME = "aggregator"
 BUILTIN_SOURCE = "<built-in default>"
 DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024  # one JSON-RPC message from an upstream
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
+PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,32}")
+"""A `prefix:` string (exposed names stay within ``^[A-Za-z0-9_-]{1,64}$``)."""
 """An upstream name; always used with ``fullmatch`` (``$`` would let a trailing newline through)."""
 
 Transport = Literal["stdio", "http", "sse"]
@@ -90,6 +92,14 @@ class UpstreamPresentation(BaseModel):
     # one upstream session for all clients, or one per client (docs/isolation.md); None: per-client for
     # http/sse upstreams (another MCP session), shared for stdio (per-client there is one process per client)
     sessions: Literal["shared", "per-client"] | None = None
+    prefix: bool | str = True  # exposed tool/prompt names: true <server>__name, false the name, or "<prefix>name"
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: bool | str) -> bool | str:
+        if isinstance(value, str) and not PREFIX_PATTERN.fullmatch(value):
+            raise ValueError(f"prefix {value!r} is not 1 to 32 of A-Z a-z 0-9 _ -")
+        return value
 
 
 class UpstreamConfig(UpstreamPresentation):
@@ -138,6 +148,13 @@ class UpstreamConfig(UpstreamPresentation):
     def per_client_sessions(self) -> bool:
         """True if each client's requests go on an upstream session of its own (docs/isolation.md)."""
         return self.sessions == "per-client" or (self.sessions is None and self.transport != "stdio")
+
+    @property
+    def name_prefix(self) -> str:
+        """What goes before an exposed tool or prompt name: ``<server>__`` by default, else `prefix:`."""
+        if self.prefix is True:
+            return f"{self.name}__"
+        return self.prefix or ""
 
     def is_direct(self, tool_name: str) -> bool:
         """True if the tool is listed directly as ``<server>__<tool>`` (``expose: direct`` or pinned)."""

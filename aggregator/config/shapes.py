@@ -140,6 +140,7 @@ FIX_HINTS: dict[str, str] = {
     "start": "use start: lazy (on first need) or start: eager (at start-up)",
     "expose": "use expose: catalog (through the catalog tools) or expose: direct (listed as NAME__tool)",
     "pin": "write pin as a list of tool names, e.g. pin: [search]",
+    "prefix": "use prefix: true (NAME__tool), false (the upstream's own names) or a string such as gh_",
     "roots": "write roots as a list of directories or file:// URIs, e.g. roots: [~/projects/app]",
     "sessions": "use sessions: shared (one upstream session for every client) or sessions: per-client",
     "tools": "write tools as {allow: [glob, ...], deny: [glob, ...]}, e.g. tools: {deny: [delete_*]}",

@@ -43,13 +43,13 @@ async def watch_config(path: Path, apply: Callable[[AggregatorConfig], object], 
         seen = _fingerprint(path)
         try:
             config = load_config(path)
+            apply(config)  # may refuse it too: a ConfigError about what is running (names claimed twice)
         except ConfigError as exc:
             log.error("config reload failed; the running config stays", reason=reason, error=str(exc))
             return
         log.info("config reloaded", reason=reason, config=str(path))
         for name, problem in config.broken.items():
             log.warning("upstream disabled: its entry cannot be used here", upstream=name, problem=problem)
-        apply(config)
 
     async with anyio.create_task_group() as tg:
         if hasattr(signal, "SIGHUP"):

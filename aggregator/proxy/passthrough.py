@@ -23,10 +23,11 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from aggregator.catalog.model import Catalog, ResourceEntry, ResourceTemplateEntry
 from aggregator.faults import Fault
 from aggregator.log import get_logger
+from aggregator.proxy.exposure import Clash, log_clashes, name_prefixes
 from aggregator.proxy.relay import Clients, Relay
 from aggregator.proxy.routing import ExposedPrompt, ResourceRouter, TaskRouter, build_prompt_table
 from aggregator.sdk import client_connection
-from aggregator.upstream.pool import UpstreamPool
+from aggregator.upstream.pool import ConfigDiff, UpstreamPool
 
 log = get_logger(__name__)
 
@@ -55,10 +56,12 @@ class Passthrough:
         self._changed_resources = False
         self.on_change: Callable[[], None] = lambda: None  # the server wakes its fan-out
         self._catalogs: dict[str, Catalog] = {}  # the last catalog each upstream listed, by name (sorted)
+        self._clashes: set[Clash] = set()  # prompt names claimed twice, reported once
         for server, catalog in pool.store.loaded().items():
             self._on_catalog(server, catalog)
         self._changed_prompts = self._changed_resources = False
         pool.store.subscribe(self._on_catalog)
+        pool.on_reconfigure(self._reconfigured)
         pool.downstream = self.relay
         pool.on_call_result = self.note_result
 
@@ -75,12 +78,32 @@ class Passthrough:
         old = self._fingerprints.get(server)
         self._fingerprints[server] = (prompts, resources)
         self._catalogs = dict(sorted({**self._catalogs, server: catalog}.items()))
-        self._prompts = build_prompt_table(self._catalogs)
+        self._prompts = self._prompt_table()
         self.resources.rebuild(self._catalogs)
         if old is None or old[0] != prompts:
             self._changed_prompts = self._changed_prompts or bool(prompts) or old is not None
         if old is None or old[1] != resources:
             self._changed_resources = self._changed_resources or any(resources) or old is not None
+        if self._changed_prompts or self._changed_resources:
+            self.on_change()
+
+    def _prompt_table(self) -> dict[str, ExposedPrompt]:
+        clashes: list[Clash] = []
+        table = build_prompt_table(self._catalogs, name_prefixes(self.pool.config), clashes)
+        log_clashes(clashes, self._clashes)
+        return table
+
+    def _reconfigured(self, diff: ConfigDiff) -> None:
+        """After a config reload: removed upstreams' entries go, prompt names follow the (new) `prefix:`."""
+        for name in diff.removed:
+            self._catalogs.pop(name, None)
+            self._fingerprints.pop(name, None)
+        if diff.removed:
+            self.resources.rebuild(self._catalogs)
+            self._changed_resources = True
+        prompts = self._prompt_table()
+        self._changed_prompts = self._changed_prompts or list(prompts) != list(self._prompts)
+        self._prompts = prompts
         if self._changed_prompts or self._changed_resources:
             self.on_change()
 

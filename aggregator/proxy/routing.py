@@ -32,7 +32,7 @@ from mcp.shared.uri_template import UriTemplate
 
 from aggregator.catalog.model import Catalog, PromptEntry
 from aggregator.log import get_logger
-from aggregator.proxy.exposure import exposed_name
+from aggregator.proxy.exposure import Clash, claim, exposed_name
 
 log = get_logger(__name__)
 
@@ -73,14 +73,18 @@ class ExposedPrompt:
     prompt: PromptEntry
 
 
-def build_prompt_table(catalogs: Mapping[str, Catalog]) -> dict[str, ExposedPrompt]:
-    """`<server>__<prompt>` → owner, over every catalog (sorted, so the same catalogs give the same table)."""
+def build_prompt_table(
+    catalogs: Mapping[str, Catalog], prefixes: Mapping[str, str] | None = None, clashes: list[Clash] | None = None
+) -> dict[str, ExposedPrompt]:
+    """`<server>__<prompt>` (or `prefixes[server]` + prompt) → owner, over every catalog (sorted, so the
+    same catalogs give the same table); names claimed twice go to `clashes`."""
     table: dict[str, ExposedPrompt] = {}
+    taken: dict[str, str] = {}
+    prefixes = prefixes or {}
     for server in sorted(catalogs):
         for prompt in catalogs[server].prompts:
-            name = exposed_name(server, prompt.name)
-            if name in table:
-                log.warning("prompt name collides; skipped", server=server, prompt=prompt.name, name=name)
+            name = exposed_name(server, prompt.name, prefixes.get(server))
+            if not claim(taken, name, server, "prompt", clashes):
                 continue
             table[name] = ExposedPrompt(name, server, prompt)
     return table

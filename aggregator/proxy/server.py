@@ -34,11 +34,13 @@ from aggregator import __version__
 from aggregator.catalog.caps import capped_text
 from aggregator.catalog.model import Catalog
 from aggregator.catalog.search import ToolSearchIndex
+from aggregator.config import AggregatorConfig, ConfigError
 from aggregator.faults import Fault
 from aggregator.log import get_logger, redact_text
-from aggregator.proxy.exposure import DirectTool, build_direct_tools
+from aggregator.proxy.exposure import Clash, DirectTool, build_direct_tools, log_clashes, name_prefixes
 from aggregator.proxy.passthrough import Passthrough, for_era, passthrough_meta
 from aggregator.proxy.relay import Clients
+from aggregator.proxy.routing import build_prompt_table
 from aggregator.sdk import without_tracing
 from aggregator.tools.base import OwnTool, ToolContext, fault_result, text_result
 from aggregator.tools.catalog import CatalogTools
@@ -56,9 +58,9 @@ The tools of {names} are not listed one by one:
 2. Check its arguments: catalog_describe_tool(server, tool).
 3. Call it: catalog_call_tool(server, tool, arguments={{...}}); the result is the tool's own.
 Browse with catalog_list_servers and catalog_list_tools(server)."""
-INSTRUCTIONS_DIRECT = "The tools of {names} are listed directly, named <server>__<tool>."
+INSTRUCTIONS_DIRECT = "The tools of {names} are listed directly, named <server>__<tool>{unless}."
 INSTRUCTIONS_TAIL = """\
-Their prompts are listed as <server>__<prompt>; their resources keep their own URIs.
+Their prompts are listed as <server>__<prompt>{unless}; their resources keep their own URIs.
 apropos-search and who-references find names and parameters across catalogs; search_create_index,
 search_add_document and search_index keep your own notes."""
 UPSTREAM_INSTRUCTIONS_CHARS = 1000  # per direct upstream, in our own instructions
@@ -133,8 +135,9 @@ class AggregatorServer:
         ]
         self._own = {tool.name: tool for tool in self.own_tools}
         self._own_wire = [types.Tool.model_validate(tool.to_wire()) for tool in self.own_tools]
-        self._direct_predicates = _direct_predicates(pool)
+        self._direct_predicates = _direct_predicates(pool.config)
         self._direct: dict[str, DirectTool] = {}
+        self._clashes: set[Clash] = set()  # direct tool names claimed twice, reported once
         self._direct_catalogs: dict[str, Catalog] = {}  # the last catalog each direct upstream listed
         self._listing: types.ListToolsResult | None = None
         self._changed = anyio.Event()
@@ -179,6 +182,8 @@ class AggregatorServer:
         self._changed = anyio.Event()  # no client has seen a list yet
         pool.store.subscribe(self._on_catalog)
         pool.on_reconfigure(self._reconfigured)
+        self.check_names(pool.config)
+        pool.check_config(self.check_names)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[AggregatorServer]:
@@ -199,14 +204,16 @@ class AggregatorServer:
         names = self.pool.upstream_names()
         direct = [name for name in names if self.pool.config.upstreams[name].expose == "direct"]
         behind = [name for name in names if name not in direct]
+        own_names = [name for name in names if self.pool.config.upstreams[name].prefix is not True]
+        unless = f" (those of {_shown(own_names)} as their prefix: says)" if own_names else ""
         parts = [INSTRUCTIONS_HEAD.format(count=len(names), names=_shown(names) or "none configured")]
         if behind:
             parts.append(INSTRUCTIONS_CATALOG.format(names=_shown(behind)))
         if direct:
-            parts.append(INSTRUCTIONS_DIRECT.format(names=_shown(direct)))
-        parts.append(INSTRUCTIONS_TAIL)
+            parts.append(INSTRUCTIONS_DIRECT.format(names=_shown(direct), unless=unless))
+        parts.append(INSTRUCTIONS_TAIL.format(unless=unless))
         for name in direct:
-            said = self.pool.connection(name).instructions
+            said = self.pool.instructions(name)
             if said:
                 parts.append(f"From {name}: {capped_text(said, UPSTREAM_INSTRUCTIONS_CHARS)}")
         return "\n".join(parts)
@@ -224,11 +231,13 @@ class AggregatorServer:
         return self._listing
 
     async def _start_direct_upstreams(self) -> None:
-        """A direct upstream's listing is a need (DESIGN §3): start those not loaded, concurrently."""
+        """A direct upstream's listing is a need (DESIGN §3): start those not loaded, concurrently, and
+        those whose snapshot was listed under fewer client capabilities than offered now."""
         pending = [
             name
             for name in self._direct_predicates
-            if name not in self._direct_catalogs and not self.pool.in_backoff(name)
+            if (name not in self._direct_catalogs or self.pool.snapshot_falls_short(name))
+            and not self.pool.in_backoff(name)
         ]
         if pending:
             await self.pool.start_all(pending)
@@ -243,12 +252,19 @@ class AggregatorServer:
         if server not in self._direct_predicates or catalog is None:
             return
         self._direct_catalogs[server] = catalog
-        table = build_direct_tools(self._direct_catalogs, self._direct_predicates, self._own)
+        table = self._direct_table(self._direct_predicates)
         if [(d.exposed, d.wire) for d in table.values()] != [(d.exposed, d.wire) for d in self._direct.values()]:
             self._direct = table
             self._listing = None
             self._tools_changed = True
             self._changed.set()
+
+    def _direct_table(self, predicates: Mapping[str, Any]) -> dict[str, DirectTool]:
+        clashes: list[Clash] = []
+        prefixes = name_prefixes(self.pool.config)
+        table = build_direct_tools(self._direct_catalogs, predicates, self._own, prefixes, clashes)
+        log_clashes(clashes, self._clashes)
+        return table
 
     def _reconfigured(self, diff: ConfigDiff) -> None:
         """After a config reload: new metadata for search, new direct exposure, list_changed if it changed."""
@@ -256,15 +272,44 @@ class AggregatorServer:
             self.index.set_server_metadata(name, *self.pool.metadata(name))
         for name in [*diff.removed, *diff.changed]:
             self._direct_catalogs.pop(name, None)
-        predicates = _direct_predicates(self.pool)
+        predicates = _direct_predicates(self.pool.config)
         new_direct = set(predicates) != set(self._direct_predicates) or any(name in predicates for name in diff.changed)
         self._direct_predicates = predicates
-        table = build_direct_tools(self._direct_catalogs, predicates, self._own)
+        table = self._direct_table(predicates)
         if new_direct or list(table) != list(self._direct):
             self._direct = table
             self._listing = None
             self._tools_changed = True
             self._changed.set()  # clients list again; that starts new direct upstreams (DESIGN §3)
+
+    def check_names(self, config: AggregatorConfig) -> None:
+        """Raise `ConfigError` naming both owners if `config` would expose a tool or prompt name twice.
+
+        Names come from the catalogs known now (live or snapshot; for an upstream a reload adds, its
+        snapshot on disk): at start-up and before a reloaded config is applied. A catalog listed
+        later that claims a taken name is logged, and the first owner keeps the name.
+        """
+        known, running = self.pool.store.loaded(), self.pool.config.upstreams
+        catalogs: dict[str, Catalog] = {}
+        for name, upstream in config.upstreams.items():
+            unchanged = running.get(name) == upstream
+            catalog = known.get(name) if unchanged else self.pool.snapshot_on_disk(upstream) or known.get(name)
+            if catalog is not None:
+                catalogs[name] = catalog
+        prefixes = name_prefixes(config)
+        clashes: list[Clash] = []
+        build_direct_tools(catalogs, _direct_predicates(config), self._own, prefixes, clashes)
+        build_prompt_table(catalogs, prefixes, clashes)
+        if clashes:
+            first = clashes[0]
+            more = f" (and {len(clashes) - 1} more)" if len(clashes) > 1 else ""
+            raise ConfigError(
+                config.source,
+                f"upstreams.{first.second}.prefix",
+                first.message() + more,
+                f"give upstream {first.second!r} a prefix: (true for {first.second}__, or a string), "
+                "or hide the tool with tools: {deny: [...]}",
+            )
 
     async def _fan_out(self) -> None:
         """Tell every client what changed: tools, prompts, resources (legacy sessions and modern listeners)."""
@@ -344,11 +389,11 @@ class AggregatorServer:
         return direct
 
 
-def _direct_predicates(pool: UpstreamPool) -> dict[str, Any]:
+def _direct_predicates(config: AggregatorConfig) -> dict[str, Any]:
     """Upstream name → its `is_direct(tool)` predicate, for upstreams that expose tools directly."""
     return {
         name: upstream.is_direct
-        for name, upstream in pool.config.upstreams.items()
+        for name, upstream in config.upstreams.items()
         if upstream.expose == "direct" or upstream.pin
     }
 

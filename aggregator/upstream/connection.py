@@ -47,7 +47,7 @@ from aggregator.log import get_logger, redact_text
 from aggregator.sdk import ProgressFn, raw_notify, raw_request
 from aggregator.upstream.auth import Authenticator, SignInRequired, describe_auth_error
 from aggregator.upstream.client_sessions import ClientSessions
-from aggregator.upstream.session import Downstream, NoDownstream, UpstreamSession, Via
+from aggregator.upstream.session import Downstream, NoDownstream, UpstreamSession, Via, offered_names
 from aggregator.upstream.transports import TOO_LARGE, StderrTail, TransportHandle, open_transport
 
 log = get_logger(__name__)
@@ -103,6 +103,7 @@ class UpstreamConnection:
         self.server_info: types.Implementation | None = None
         self.server_capabilities: types.ServerCapabilities | None = None
         self.instructions: str | None = None
+        self.offered: tuple[str, ...] = ()  # what was declared at the last initialize (`session.offered_names`)
         self.log_level: str | None = None  # the level clients asked for; sent on every (re)start
         self._downstream = downstream
         # requests in flight, by a local key: who asked, and the client whose own session carries it (None: the
@@ -233,7 +234,7 @@ class UpstreamConnection:
             handle.write,
             message_handler=on_message,
             client_info=types.Implementation(name="aggregator", version=__version__),
-            capabilities=lambda: self._downstream().client_capabilities(client),
+            capabilities=lambda: self._declare(client),
             on_request=on_request,
             on_notification=on_notification,
         )
@@ -249,6 +250,14 @@ class UpstreamConnection:
             await session.initialize()
             await self._apply_log_level(session, self.clients.levels.get(id(client)))
             yield session, handle
+
+    def _declare(self, client: Any = None) -> types.ClientCapabilities:
+        """The capabilities to declare at initialize: those of `client` for its own session, else the
+        union of the clients'. The shared session's are kept, to record with the catalog it lists."""
+        capabilities = self._downstream().client_capabilities(client)
+        if client is None:
+            self.offered = offered_names(capabilities)
+        return capabilities
 
     def _in_flight(self, client: Any) -> list[Any]:
         """The requests in flight on the session of `client` (None: the shared session)."""
@@ -396,6 +405,7 @@ class UpstreamConnection:
             dropped=tuple(dropped),
             server_info=self.server_info.model_dump(by_alias=True, exclude_none=True) if self.server_info else None,
             instructions=self.instructions,
+            offered=self.offered,
         )
 
     async def _handle_message(self, run: _Run, message: Any) -> None:

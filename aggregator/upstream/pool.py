@@ -27,7 +27,7 @@ import anyio.to_thread
 from aggregator.catalog.model import Catalog, ToolEntry, age_text
 from aggregator.catalog.snapshot import SnapshotDir, fingerprint
 from aggregator.catalog.store import CatalogStore
-from aggregator.config import AggregatorConfig, ToolFilter
+from aggregator.config import AggregatorConfig, ToolFilter, UpstreamConfig
 from aggregator.config.watch import watch_config
 from aggregator.faults import Fault
 from aggregator.log import get_logger, register_secrets
@@ -35,7 +35,7 @@ from aggregator.sdk import ProgressFn
 from aggregator.suggest import closest
 from aggregator.upstream.auth import Authenticator, TokenStore
 from aggregator.upstream.connection import State, UpstreamConnection
-from aggregator.upstream.session import Downstream, NoDownstream
+from aggregator.upstream.session import Downstream, NoDownstream, offered_names
 
 log = get_logger(__name__)
 
@@ -118,6 +118,7 @@ class UpstreamPool:
         self._busy: dict[UpstreamConnection, int] = {}  # calls in flight, so a replaced upstream can finish them
         self._retiring: set[UpstreamConnection] = set()
         self._reconfigure_listeners: list[Callable[[ConfigDiff], None]] = []
+        self._config_checks: list[Callable[[AggregatorConfig], None]] = []
         self._closing = False
         self._snapshot_notes: dict[str, str] = {}
         self._unwritten: dict[str, Catalog] = {}  # the latest live listing not yet written, per upstream
@@ -171,11 +172,35 @@ class UpstreamPool:
         return self.connection(name).in_backoff()
 
     async def ensure_catalog(self, name: str) -> Catalog:
-        """The current catalog (a snapshot will do); starts the upstream only when there is none."""
+        """The current catalog (a snapshot will do); starts the upstream only when there is none.
+
+        A snapshot listed under fewer client capabilities than the clients offer now does not do
+        (`snapshot_falls_short`): the upstream starts and lists what it lists to them.
+        """
         current = self._store.get(name)
-        if current is not None and current.is_snapshot:
+        if current is not None and current.is_snapshot and not self.snapshot_falls_short(name):
             return current
         return await self.connection(name).ensure_catalog()
+
+    def snapshot_falls_short(self, name: str) -> bool:
+        """True if the current catalog of `name` is a snapshot listed under fewer capabilities than offered now.
+
+        An upstream may list more tools to a client that can answer sampling, elicitation or
+        roots (server-everything: 13 to none, 17 to all three); a snapshot that does not record
+        what it was listed under counts as listed under none.
+        """
+        current = self._store.get(name)
+        if current is None or not current.is_snapshot:
+            return False
+        wanted = offered_names(self.downstream.client_capabilities())
+        return not set(wanted) <= set(current.offered or ())
+
+    def instructions(self, name: str) -> str | None:
+        """What the upstream said at its handshake: the running session's, else its snapshot's."""
+        said = self.connection(name).instructions
+        if said is None and (current := self._store.get(name)) is not None:
+            said = current.instructions
+        return said
 
     async def ensure_live_catalog(self, name: str) -> Catalog:
         """The catalog the running upstream lists, starting it if needed (replaces a snapshot)."""
@@ -331,7 +356,7 @@ class UpstreamPool:
             snapshot_tool_count=len(snapshot.exposed_tools) if snapshot else None,
             snapshot_age=snapshot.age() if snapshot else None,
             snapshot_note=self._snapshot_notes.get(name),
-            instructions=conn.instructions,
+            instructions=self.instructions(name),
         )
 
     def statuses(self) -> list[UpstreamStatus]:
@@ -369,8 +394,12 @@ class UpstreamPool:
         """Call `listener` with each applied `ConfigDiff` (the server updates exposure and search)."""
         self._reconfigure_listeners.append(listener)
 
+    def check_config(self, check: Callable[[AggregatorConfig], None]) -> None:
+        """Run `check` on every config before it is applied; it raises `ConfigError` to refuse one."""
+        self._config_checks.append(check)
+
     def apply_config(self, config: AggregatorConfig) -> ConfigDiff:
-        """Make the running pool match `config`.
+        """Make the running pool match `config`; a `check_config` check may refuse it (`ConfigError`).
 
         New upstreams are added; removed ones stop (process group included) once their calls in
         flight are done; changed ones are replaced by a fresh connection that starts on the next
@@ -378,6 +407,8 @@ class UpstreamPool:
         """
         if self._closing:
             return ConfigDiff([], [], [])
+        for check in self._config_checks:
+            check(config)
         old = self.config.upstreams
         diff = ConfigDiff(
             added=sorted(set(config.upstreams) - set(old)),
@@ -434,6 +465,13 @@ class UpstreamPool:
                 self._store.seed(outcome.catalog)
             elif outcome.problem or outcome.stale:
                 self._snapshot_notes[name] = outcome.problem or outcome.stale or ""
+
+    def snapshot_on_disk(self, upstream: UpstreamConfig) -> Catalog | None:
+        """The valid snapshot on disk for this definition of an upstream (read only, nothing seeded)."""
+        if self.snapshots is None or not upstream.snapshots:
+            return None
+        hide = _hidden_by(upstream.tools)
+        return self.snapshots.read(upstream.name, fingerprint(upstream), upstream.snapshot_max_age, hide).catalog
 
     def _on_catalog(self, server: str, catalog: Catalog | None) -> None:
         """A live listing arrived: have it written to its snapshot file in the background."""

@@ -58,6 +58,11 @@ class Via:
     client: Any = None
 
 
+def offered_names(capabilities: types.ClientCapabilities) -> tuple[str, ...]:
+    """The relayable capabilities declared in `capabilities`, by name, sorted (what a catalog was listed under)."""
+    return tuple(name for name in ("elicitation", "roots", "sampling") if getattr(capabilities, name) is not None)
+
+
 class Downstream(Protocol):
     """The aggregator's clients, as an upstream connection sees them."""
 
