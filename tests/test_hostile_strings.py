@@ -1,0 +1,110 @@
+"""Strings from outside made safe where they enter (issue 20, item 10): a lone surrogate or invalid
+UTF-8 from an upstream never ends `aggregator serve`, and every caller gets an answer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import mcp.types as types
+from hypothesis import given
+from hypothesis import strategies as st
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.message import SessionMessage
+
+from aggregator.safetext import has_surrogates, printable, scrub
+from aggregator.upstream.server_messages import parse_upstream_line
+from aggregator.wire import encode
+from tests.conftest import aggregator_client, kit_upstream, structured, write_config
+from tests.test_serve_http import http_aggregator
+
+CUT = "cut emoji \ud83d here"  # the high half of 😀 alone, as a memory file cut mid-emoji holds it
+
+
+def _hostile_kit(tmp_path: Path) -> Path:
+    tools, prompts = tmp_path / "tools.json", tmp_path / "prompts.json"
+    tools.write_text(json.dumps([{"name": "cut", "description": CUT, "inputSchema": {"type": "object"}}]))
+    prompts.write_text(json.dumps([{"name": "cut", "description": CUT, "arguments": []}]))
+    flags = ("--extra-tools", str(tools), "--extra-prompts", str(prompts))
+    return write_config(tmp_path, {"kit": kit_upstream(*flags, expose="direct")})
+
+
+REPLY_LINE = '{"jsonrpc":"2.0","id":ID,"result":{"content":[{"type":"text","text":"a \\ud800 b"}]}}'
+REPLY_BYTES = '{"jsonrpc":"2.0","id":ID,"result":{"content":[{"type":"text","text":"bad \\u00ff"}]}}'
+
+
+async def _everything_answers(session: ClientSession) -> None:
+    tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+    assert tools["kit__cut"].description == "cut emoji \ufffd here"
+    listed = structured(await session.call_tool("catalog_list_tools", {"server": "kit", "limit": 200}))
+    assert any(item["tool"] == "cut" and "\ufffd" in item["summary"] for item in listed["items"])
+    reply = await session.call_tool("kit__reply", {"line": REPLY_LINE})
+    assert reply.content[0].text == "a \ufffd b"
+    prompts = {prompt.name: prompt for prompt in (await session.list_prompts()).prompts}
+    assert prompts["kit__cut"].description == "cut emoji \ufffd here"
+    got = await session.get_prompt("kit__cut", {})
+    assert got.messages[0].content.text == "cut emoji \ufffd here"
+    echo = await session.call_tool("kit__echo", {"message": "still here"})
+    assert echo.content[0].text == "still here"  # the session and the upstream lived
+
+
+async def test_a_lone_surrogate_from_an_upstream_never_ends_stdio_serve(tmp_path: Path) -> None:
+    async with aggregator_client(_hostile_kit(tmp_path)) as session:
+        await _everything_answers(session)
+
+
+async def test_a_lone_surrogate_from_an_upstream_is_answered_over_http(tmp_path: Path) -> None:
+    with http_aggregator(_hostile_kit(tmp_path)) as url:
+        async with streamable_http_client(url) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            await _everything_answers(session)
+
+
+def test_invalid_utf8_from_an_upstream_is_replaced_not_dropped() -> None:
+    line = REPLY_BYTES.replace("ID", "7").replace("\\u00ff", "\xff").encode("latin-1")
+    message = parse_upstream_line(line)
+    assert isinstance(message, SessionMessage)
+    assert message.message.result["content"][0]["text"] == "bad \ufffd"  # type: ignore[union-attr]
+    request = b'{"jsonrpc":"2.0","id":3,"method":"sampling/createMessage","params":{"x":"\\udc00"}}'
+    parsed = parse_upstream_line(request)
+    assert isinstance(parsed, SessionMessage) and parsed.message.params == {"x": "\ufffd"}  # type: ignore[union-attr]
+
+
+def test_an_answer_that_cannot_be_serialised_becomes_an_error_for_its_id() -> None:
+    answer = types.JSONRPCResponse(jsonrpc="2.0", id=9, result={"text": "a\ud800"})
+    line = json.loads(encode(SessionMessage(answer)))
+    assert line["id"] == 9 and line["error"]["code"] == types.INTERNAL_ERROR
+    notice = types.JSONRPCNotification(jsonrpc="2.0", method="x", params={"text": "a\ud800"})
+    assert encode(SessionMessage(notice)) == b""  # dropped, nothing half-written
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    max_leaves=30,
+)
+
+
+@given(JSONISH)
+def test_scrub_leaves_no_surrogate_and_changes_nothing_else(value: Any) -> None:
+    clean = scrub(value)
+    text = json.dumps(clean, ensure_ascii=False)
+    text.encode("utf-8")  # would raise on a surrogate left anywhere
+    if not has_surrogates(json.dumps(value, ensure_ascii=False)):
+        assert clean is value
+    assert not has_surrogates(printable(json.dumps(value, ensure_ascii=False)))
+
+
+def test_scrub_and_printable_are_linear_on_megabyte_inputs() -> None:
+    deep: Any = "\ud800"
+    for _ in range(5000):  # deeper than any recursion limit
+        deep = [deep]
+    clean = scrub(deep)
+    for _ in range(5000):
+        clean = clean[0]
+    assert clean == "\ufffd"
+    wide = {"k": ["\ud800x" * 200_000, "ok" * 500_000]}
+    assert scrub(wide)["k"][0].count("\ufffd") == 200_000
+    assert printable("\x1b]52;c;AAAA\x07" * 100_000).count("\\u001b") == 100_000
