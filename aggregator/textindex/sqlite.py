@@ -32,6 +32,7 @@ from aggregator.textindex.engine import (
     StoredDocument,
     match_positions,
     run_search,
+    with_highlights,
 )
 from aggregator.textindex.memory import copy_metadata
 from aggregator.textindex.query import ParsedQuery, Phrase
@@ -237,7 +238,8 @@ class SqliteIndex:
         with self._lock, self._transaction("BEGIN") as conn:  # one snapshot for everything read
             conn.execute("SELECT 1 FROM meta LIMIT 1").fetchall()  # starts the snapshot...
             self._cache.check_version(conn.execute("PRAGMA data_version").fetchone()[0])  # ...and dates it
-            return run_search(self, self.config, query, k)
+            matches = run_search(self, query, k)
+        return with_highlights(matches, self.config, query)
 
     def doc_count(self) -> int:
         with self._lock:
