@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-__all__ = ["EscapedStream", "escaped_output", "has_surrogates", "printable", "scrub"]
+__all__ = ["EscapedStream", "SurrogateEscapes", "escaped_output", "has_surrogates", "printable", "scrub"]
 
 REPLACEMENT = "\ufffd"
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -78,6 +78,66 @@ def _rebuild(value: Any) -> Any:
         else:
             parent[key] = _SURROGATE.sub(REPLACEMENT, item) if isinstance(item, str) else item
     return root[0]
+
+
+# In JSON text: an escaped backslash (consumed whole, so parity is kept), a surrogate pair, or a
+# lone surrogate escape. Scanning left to right, a match never starts inside an escaped backslash.
+_JSON_ESCAPE = re.compile(
+    rb"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}(?:\\u[dD][c-fC-F][0-9a-fA-F]{2})?|\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+_HIGH = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}")
+_PAIR_LENGTH = 12  # \uD83D\uDE00
+
+
+class SurrogateEscapes:
+    """Replaces lone surrogate escapes (``\\ud800``) in streamed JSON bytes with ``\\ufffd``.
+
+    For parsers that refuse them outright (the SDK's HTTP client): the message then parses and its
+    request is answered. Chunks may split an escape anywhere; a pending tail is held back.
+    """
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._pending + chunk
+        keep = _unfinished_tail(data)
+        self._pending = data[len(data) - keep :] if keep else b""
+        return _replace_lone(data[: len(data) - keep])
+
+    def flush(self) -> bytes:
+        data, self._pending = self._pending, b""
+        return _replace_lone(data)
+
+
+def _unfinished_tail(data: bytes) -> int:
+    """How many bytes at the end to hold back: a possibly unfinished escape, and a high surrogate
+    escape just before it (the low half may be what is unfinished)."""
+    start = data.rfind(b"\\", max(0, len(data) - _PAIR_LENGTH))
+    if start < 0:
+        return 0
+    start = _run_start(data, start)
+    if start >= 6 and _HIGH.fullmatch(data, start - 6, start):
+        start = _run_start(data, start - 6)
+    return len(data) - start
+
+
+def _run_start(data: bytes, index: int) -> int:
+    """The start of the run of backslashes `index` is in (holding back a whole run keeps parity)."""
+    while index > 0 and data[index - 1 : index] == b"\\":
+        index -= 1
+    return index
+
+
+def _replace_lone(data: bytes) -> bytes:
+    if b"\\u" not in data:
+        return data
+
+    def fix(match: re.Match[bytes]) -> bytes:
+        found = match.group()
+        return b"\\ufffd" if found[:2] == b"\\u" and len(found) == 6 else found
+
+    return _JSON_ESCAPE.sub(fix, data)
 
 
 def printable(text: str) -> str:

@@ -4,9 +4,12 @@ UTF-8 from an upstream never ends `aggregator serve`, and every caller gets an a
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp.types as types
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,10 +17,18 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 
-from aggregator.safetext import has_surrogates, printable, scrub
+from aggregator.safetext import SurrogateEscapes, has_surrogates, printable, scrub
 from aggregator.upstream.server_messages import parse_upstream_line
 from aggregator.wire import encode
-from tests.conftest import aggregator_client, kit_upstream, structured, write_config
+from tests.conftest import (
+    EXAMPLES,
+    aggregator_client,
+    free_port,
+    kit_upstream,
+    structured,
+    wait_for_port,
+    write_config,
+)
 from tests.test_serve_http import http_aggregator
 
 CUT = "cut emoji \ud83d here"  # the high half of 😀 alone, as a memory file cut mid-emoji holds it
@@ -60,6 +71,41 @@ async def test_a_lone_surrogate_from_an_upstream_is_answered_over_http(tmp_path:
         async with streamable_http_client(url) as (read, write), ClientSession(read, write) as session:
             await session.initialize()
             await _everything_answers(session)
+
+
+async def test_a_lone_surrogate_from_an_http_upstream_is_answered_at_once(tmp_path: Path) -> None:
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(EXAMPLES / "testkit.py"), "--http", str(port)])
+    try:
+        wait_for_port(port, server)
+        web = {"url": f"http://127.0.0.1:{port}/mcp", "timeouts": {"call": 300}}
+        async with aggregator_client(write_config(tmp_path, {"web": web})) as session:
+            with anyio.fail_after(60):  # a hang guard: the SDK's parser refused the line, the call waited 300 s
+                arguments = {"line": REPLY_LINE}
+                reply = await session.call_tool(
+                    "catalog_call_tool", {"server": "web", "tool": "reply", "arguments": arguments}
+                )
+            assert reply.content[0].text == "a \ufffd b", reply
+    finally:
+        server.kill()
+        server.wait()
+
+
+@given(
+    st.lists(st.sampled_from(["a", "\\", '\\"', "\\ud83d", "\\ude00", "\\ud800", "\\\\", "\\n"]), max_size=12),
+    st.data(),
+)
+def test_streamed_surrogate_escapes_are_fixed_wherever_chunks_split(parts: list[str], data: st.DataObject) -> None:
+    body = ('"' + "".join(parts) + '"').encode()
+    try:
+        expected = scrub(json.loads(body))
+    except ValueError:
+        return  # not a JSON string (an unfinished escape): nothing to compare
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(body)), max_size=4)))
+    escapes = SurrogateEscapes()
+    pieces = [body[lo:hi] for lo, hi in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+    out = b"".join(escapes.feed(piece) for piece in pieces) + escapes.flush()
+    assert json.loads(out) == expected
 
 
 def test_invalid_utf8_from_an_upstream_is_replaced_not_dropped() -> None:

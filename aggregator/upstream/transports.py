@@ -35,6 +35,7 @@ from mcp.shared.message import SessionMessage
 
 from aggregator.config import UpstreamConfig
 from aggregator.log import get_logger, redact_text
+from aggregator.safetext import SurrogateEscapes
 from aggregator.sdk import HTTP_TIMEOUT_SECONDS, SSE_READ_TIMEOUT_SECONDS
 from aggregator.upstream.server_messages import parse_upstream_line
 from aggregator.wire import LineSplitter, MessageTooLarge, encode, error_answer
@@ -195,6 +196,24 @@ class _CappedStream(httpx2.AsyncByteStream):
         await self._inner.aclose()
 
 
+class _ScrubbedStream(httpx2.AsyncByteStream):
+    """Lone surrogate escapes replaced (`SurrogateEscapes`): the SDK's parser refuses them outright."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream) -> None:
+        self._inner = inner
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        escapes = SurrogateEscapes()
+        async for chunk in self._inner:
+            if scrubbed := escapes.feed(chunk):
+                yield scrubbed
+        if rest := escapes.flush():
+            yield rest
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 class _CappedTransport(httpx2.AsyncBaseTransport):
     """Caps JSON bodies; SSE streams too when given an `_Overflow` (else the SDK caps their events)."""
 
@@ -210,6 +229,7 @@ class _CappedTransport(httpx2.AsyncBaseTransport):
             response.stream = _CappedStream(response.stream, self._limit, None)
         elif self._overflow is not None:
             response.stream = _CappedStream(response.stream, self._limit, self._overflow)
+        response.stream = _ScrubbedStream(response.stream)
         return response
 
     async def aclose(self) -> None:
