@@ -18,6 +18,7 @@ ever added, so a dense document cannot merge them into one unbounded snippet.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from aggregator.textindex.query import ParsedQuery, Phrase
 from aggregator.textindex.tokenizer import WORD, TokenizerConfig, iter_tokens
@@ -25,7 +26,7 @@ from aggregator.textindex.tokenizer import WORD, TokenizerConfig, iter_tokens
 MAX_HIGHLIGHTS = 3
 RADIUS = 30
 MAX_SPANS = 64  # matches kept per query part
-PHRASE_STEPS = 200_000  # token steps spent checking phrase candidates in one document
+PHRASE_STEPS = 50_000  # token steps spent checking phrase candidates in one document
 _WORD_CHAR = re.compile(r"\w")
 
 Span = tuple[int, int, int]  # start, end, rank of the query part it matches
@@ -55,11 +56,11 @@ def _comparable(text: str, config: TokenizerConfig) -> str | None:
     return text.lower()
 
 
-def _found_by_search(text: str, comparable: str, word: str) -> list[tuple[int, int]]:
-    """Spans of whole-token occurrences of `word` (at most PHRASE_STEPS), found with `str.find`."""
+def _found_by_search(text: str, comparable: str, word: str, limit: int) -> list[tuple[int, int]]:
+    """Spans of the first `limit` whole-token occurrences of `word`, found with `str.find`."""
     found: list[tuple[int, int]] = []
     at = comparable.find(word)
-    while at >= 0 and len(found) < PHRASE_STEPS:
+    while at >= 0 and len(found) < limit:
         end = at + len(word)
         if not _is_word(text, at - 1) and not _is_word(text, end):
             found.append((at, end))
@@ -67,11 +68,11 @@ def _found_by_search(text: str, comparable: str, word: str) -> list[tuple[int, i
     return found
 
 
-def _found_by_tokens(text: str, config: TokenizerConfig, wanted: set[str]) -> dict[str, list[tuple[int, int]]]:
-    """Spans of every token of `text` in `wanted`, by tokenizing: exact for any text."""
+def _found_by_tokens(text: str, config: TokenizerConfig, wanted: Mapping[str, int]) -> dict[str, list[tuple[int, int]]]:
+    """Spans of the first `wanted[word]` tokens of `text` equal to each word, by tokenizing: exact for any text."""
     found: dict[str, list[tuple[int, int]]] = {word: [] for word in wanted}
     for token in iter_tokens(text, config):
-        if token.text in found and len(found[token.text]) < PHRASE_STEPS:
+        if token.text in found and len(found[token.text]) < wanted[token.text]:
             found[token.text].append((token.start, token.end))
     return found
 
@@ -99,12 +100,15 @@ def spans(text: str, config: TokenizerConfig, query: ParsedQuery, *, search: boo
     document is not tokenized); the result is the same as tokenizing (`search=False`).
     """
     ranks = _term_ranks(query)
-    wanted = set(ranks).union(*(phrase.tokens[:1] for phrase in query.phrases))
+    wanted = dict.fromkeys(ranks, MAX_SPANS)  # word → how many occurrences can be of use
+    for phrase in query.phrases:
+        attempts = PHRASE_STEPS // (phrase.offsets[-1] + 1) + 1
+        wanted[phrase.tokens[0]] = max(wanted.get(phrase.tokens[0], 0), attempts)
     comparable = _comparable(text, config) if search else None
     if comparable is None:
         found = _found_by_tokens(text, config, wanted)
     else:
-        found = {word: _found_by_search(text, comparable, word) for word in wanted}
+        found = {word: _found_by_search(text, comparable, word, limit) for word, limit in wanted.items()}
     result: list[Span] = [(lo, hi, rank) for term, rank in ranks.items() for lo, hi in found[term][:MAX_SPANS]]
     steps = 0
     for rank, phrase in enumerate(query.phrases):
