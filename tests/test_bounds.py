@@ -7,11 +7,14 @@ import os
 from pathlib import Path
 
 import anyio
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregator.catalog.model import SUMMARY_CHARS, summarize
 from aggregator.catalog.tokens import identifiers, tokenize
+from aggregator.config.errors import ConfigError
+from aggregator.config.files import read_text
 from aggregator.textindex.highlight import RADIUS, make_highlights
 from aggregator.textindex.memory import MemoryIndex
 from aggregator.textindex.query import parse_query
@@ -88,3 +91,13 @@ async def test_a_fifo_where_a_snapshot_should_be_never_blocks_initialize(tmp_pat
             assert servers[0]["name"] == "kit" and servers[0]["tool_count"] is None  # not read from the FIFO
             tools = structured(await session.call_tool("catalog_list_tools", {"server": "kit"}))
             assert "echo" in [item["tool"] for item in tools["items"]]
+
+
+def test_a_fifo_where_a_config_or_client_file_should_be_is_one_clear_error(tmp_path: Path) -> None:
+    fifo = tmp_path / "mcp.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_text(fifo)  # at once: opening a FIFO for reading used to wait for a writer forever
+    crlf = tmp_path / "crlf.yaml"
+    crlf.write_bytes(b"\xef\xbb\xbfupstreams: {}\r\n# x\r\n")
+    assert read_text(crlf) == "upstreams: {}\n# x\n"  # BOM dropped, newlines as text mode reads them

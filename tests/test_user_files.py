@@ -85,6 +85,20 @@ def test_install_twice_then_uninstall_keeps_what_came_between(tmp_path: Path) ->
     assert sorted(p.name for p in file.path.parent.iterdir()) == ["mcp.json"]
 
 
+def test_codex_toml_install_twice_then_uninstall_keeps_what_came_between(tmp_path: Path) -> None:
+    places, _, config = _cursor_home(tmp_path)
+    file = commands.user_file("codex", places)
+    file.path.parent.mkdir(parents=True)
+    file.path.write_text('model = "o3"  # mine\n\n[mcp_servers.a]\ncommand = "run-a"\n')
+    commands.install_client(file, config, places, dry_run=False)
+    edited = file.path.read_text() + '\n[mcp_servers.b]\ncommand = "run-b"\n'
+    file.path.write_text(edited.replace('model = "o3"', 'model = "o4"'))
+    commands.install_client(file, config, places, dry_run=False)
+    commands.uninstall_client(file)
+    after = parse_document(file.path.read_text(), file)
+    assert after["model"] == "o4" and after["mcp_servers"] == {"a": {"command": "run-a"}, "b": {"command": "run-b"}}
+
+
 def test_an_entry_using_a_client_variable_stays_in_the_client(tmp_path: Path) -> None:
     places, file, config = _cursor_home(tmp_path)
     servers = {
@@ -196,7 +210,7 @@ STEPS = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=STEPS)
 @example(steps=[("install", None), ("edit", ("add", 1)), ("install", None), ("uninstall", None)])  # item 1
 @example(steps=[("install", ("setting", 1)), ("uninstall", ("add", 2)), ("uninstall", None)])  # item 2
