@@ -154,3 +154,33 @@ def test_scrub_and_printable_are_linear_on_megabyte_inputs() -> None:
     wide = {"k": ["\ud800x" * 200_000, "ok" * 500_000]}
     assert scrub(wide)["k"][0].count("\ufffd") == 200_000
     assert printable("\x1b]52;c;AAAA\x07" * 100_000).count("\\u001b") == 100_000
+
+
+async def test_the_official_memory_server_with_a_cut_emoji_in_its_file(tmp_path: Path) -> None:
+    """The finding as it was seen: server-memory's file holds an emoji cut in half."""
+    from tests.test_official_servers import TIMEOUTS, _node_installed, node_server
+
+    _node_installed()
+    memory = tmp_path / "memory.jsonl"
+    entity = {"type": "entity", "name": "Ada", "entityType": "person", "observations": [CUT]}
+    memory.write_text(json.dumps(entity) + "\n")  # json.dumps writes the half as \ud83d
+    upstream = node_server("server-memory", env={"MEMORY_FILE_PATH": str(memory)}, timeouts=TIMEOUTS)
+    async with aggregator_client(write_config(tmp_path, {"memory": upstream})) as session:
+        request = {"server": "memory", "tool": "read_graph", "arguments": {}}
+        graph = await session.call_tool("catalog_call_tool", request)
+        assert not graph.is_error and "Ada" in graph.content[0].text
+        again = await session.call_tool(
+            "catalog_call_tool", {**request, "tool": "search_nodes", "arguments": {"query": "Ada"}}
+        )
+        assert not again.is_error  # the session lived
+
+
+def test_a_lone_surrogate_escaped_in_a_config_file_is_replaced(tmp_path: Path) -> None:
+    from aggregator.config import load_config
+
+    yaml = tmp_path / "aggregator.yaml"
+    yaml.write_text('upstreams:\n  a:\n    command: x\n    description: "cut \\ud83d"\n')
+    assert load_config(yaml, environ={}).upstreams["a"].description == "cut \ufffd"
+    json_config = tmp_path / "mcp.json"
+    json_config.write_text('{"mcpServers": {"a": {"command": "x", "args": ["\\udc00"]}}}')
+    assert load_config(json_config, environ={}).upstreams["a"].args == ["\ufffd"]
