@@ -275,3 +275,13 @@ def test_cli_install_twice_then_uninstall_keeps_later_edits(tmp_path: Path) -> N
     after = json.loads(home.file.read_text())
     assert after["theme"] == "dark" and set(after["mcpServers"]) == {"kit", "later"}
     assert home.backups() == [] and os.listdir(home.file.parent) == ["mcp.json"]
+
+
+def test_a_crlf_file_with_a_bom_comes_back_byte_for_byte(tmp_path: Path) -> None:
+    places, file, config = _cursor_home(tmp_path)
+    original = b'\xef\xbb\xbf{\r\n  "mcpServers": {"a": {"command": "run-a"}}\r\n}\r\n'
+    file.path.write_bytes(original)
+    commands.install_client(file, config, places, dry_run=False)
+    assert "aggregator" in json.loads(file.path.read_text())["mcpServers"]
+    commands.uninstall_client(file)
+    assert file.path.read_bytes() == original

@@ -11,7 +11,7 @@ import platformdirs
 from aggregator.config.errors import ConfigError
 from aggregator.files import read_regular_file
 
-__all__ = ["CONFIG_FILE_NAME", "config_lookup", "find_config_path", "read_text", "user_config_file"]
+__all__ = ["CONFIG_FILE_NAME", "config_lookup", "decode_text", "find_config_path", "read_text", "user_config_file"]
 
 CONFIG_FILE_NAME = "aggregator.yaml"
 MAX_CONFIG_BYTES = 64 << 20
@@ -74,7 +74,7 @@ def read_text(path: Path) -> str:
         if len(raw) > MAX_CONFIG_BYTES:
             problem = f"the file is larger than {MAX_CONFIG_BYTES >> 20} MiB"
             raise ConfigError(str(path), None, problem, "is this the right file?")
-        return raw.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it
+        return decode_text(raw)
     except UnicodeDecodeError:
         raise ConfigError(str(path), None, "the file is not UTF-8 text", "save it as UTF-8") from None
     except FileNotFoundError:
@@ -82,3 +82,8 @@ def read_text(path: Path) -> str:
     except OSError as exc:
         problem = f"cannot read the file ({exc.strerror or type(exc).__name__})"
         raise ConfigError(str(path), None, problem, "check the path and its permissions") from None
+
+
+def decode_text(raw: bytes) -> str:
+    """A file's bytes as `read_text` gives them: UTF-8, a BOM dropped, newlines as text mode reads them."""
+    return raw.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n")
