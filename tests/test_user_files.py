@@ -120,12 +120,13 @@ def test_an_entry_using_a_client_variable_stays_in_the_client(tmp_path: Path) ->
 class Editor:
     """The user, in an editor or a client that rewrites its file: every edit is remembered."""
 
-    def __init__(self, file: Path, config: Path) -> None:
+    def __init__(self, file: Path, config: Path, windows: bool = False) -> None:
         self.file, self.config = file, config
         self.settings: dict[str, int] = {"theme": 0}
         self.servers: dict[str, dict[str, str]] = {"a": {"command": "run-a"}, "b": {"command": "run-b"}}
         self.yaml_servers: set[str] = set()
-        file.write_text('{\n  // mine\n  "theme": 0,\n  "mcpServers": ' + json.dumps(self.servers) + "\n}\n")
+        text = '{\n  // mine\n  "theme": 0,\n  "mcpServers": ' + json.dumps(self.servers) + "\n}\n"
+        file.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode() if windows else text.encode())
 
     def edit(self, kind: str, number: int) -> None:
         if kind == "yaml":
@@ -216,7 +217,7 @@ STEPS = st.lists(
 @example(steps=[("install", ("setting", 1)), ("uninstall", ("add", 2)), ("uninstall", None)])  # item 2
 def test_no_interleaving_loses_anything_of_the_users(tmp_path_factory: pytest.TempPathFactory, steps: list) -> None:
     places, file, config = _cursor_home(tmp_path_factory.mktemp("user"))
-    editor = Editor(file.path, config)
+    editor = Editor(file.path, config, windows=len(steps) % 2 == 1)  # CRLF and a BOM, or LF
     for step, argument in steps:
         if step == "edit":
             editor.edit(*argument)
