@@ -18,6 +18,7 @@ from aggregator.config.files import read_text
 from aggregator.textindex.highlight import RADIUS, make_highlights
 from aggregator.textindex.memory import MemoryIndex
 from aggregator.textindex.query import parse_query
+from aggregator.textindex.sqlite import SqliteIndex
 from aggregator.textindex.tokenizer import TokenizerConfig
 from aggregator.tools.catalog_search import MAX_QUERY_CHARS
 from aggregator.tools.text_search import MAX_QUERY_BYTES
@@ -55,6 +56,20 @@ def test_a_long_phrase_over_a_dense_megabyte_note_is_bounded_and_off_the_lock() 
     assert all(len(snippet) <= len(phrase) + 2 * RADIUS + 6 for snippet in outcome.hits[0].highlights)
     dense = index.search(parse_query("ab", config), 5)
     assert len(dense.hits[0].highlights) <= 3 and sum(map(len, dense.hits[0].highlights)) < 1000
+
+
+def test_a_long_phrase_over_a_dense_note_in_sqlite_is_linear_and_equals_memory(tmp_path: Path) -> None:
+    config = TokenizerConfig()
+    memory, sqlite = MemoryIndex("notes", config), SqliteIndex.create("notes", tmp_path / "notes.sqlite", config)
+    dense = "ab " * (MEGABYTE // 6) + "cd"
+    for index in (memory, sqlite):
+        index.add("dense", dense, {})
+        index.add("gap", "ab " * 200 + "zz ab " + "ab " * 200 + "cd", {})
+    for phrase in (["ab"] * 300 + ["cd"], ["ab"] * 150 + ["x", "ab"] + ["ab"] * 150, ["ab", "zz", "ab", "ab"]):
+        query = parse_query('"' + " ".join(phrase) + '"', config)  # before: ~10 s per 256 KiB in sqlite
+        found = sqlite.search(query, 5)
+        assert found == memory.search(query, 5) and found.hits, phrase
+    sqlite.close()
 
 
 async def test_serve_caps_queries_and_answers_big_notes(tmp_path: Path) -> None:

@@ -99,16 +99,6 @@ def idf(doc_count: int, df: int) -> float:
     return math.log(doc_count / (df + 1)) + 1.0
 
 
-def match_positions(phrase: Phrase, positions: Sequence[Sequence[int]]) -> bool:
-    """Whether, given each phrase token's run positions in one document, the phrase occurs there."""
-    starts = set(positions[0])
-    for offset, found in zip(phrase.offsets[1:], positions[1:], strict=True):
-        starts.intersection_update(map(offset.__rsub__, found))  # the starts each occurrence implies
-        if not starts:
-            return False
-    return True
-
-
 def _phrase_docs(
     reader: PostingsReader, phrase: Phrase, freqs: Mapping[str, Mapping[str, int]], within: set[str] | None
 ) -> set[str]:
