@@ -50,8 +50,9 @@ from aggregator.catalog.model import (
     clean_tool,
     sorted_unique,
 )
-from aggregator.files import write_atomically
+from aggregator.files import read_regular_file, write_atomically
 from aggregator.log import get_logger
+from aggregator.safetext import scrub
 
 if TYPE_CHECKING:
     from aggregator.config import UpstreamConfig
@@ -243,8 +244,7 @@ class SnapshotDir:
         """The valid snapshot of `server`, or why there is none; logs a warning for a bad file."""
         path = self.path(server, digest)
         try:
-            with path.open("rb") as file:
-                raw = file.read(MAX_SNAPSHOT_BYTES + 1)
+            raw = read_regular_file(path, MAX_SNAPSHOT_BYTES)  # a FIFO there must not block initialize
         except FileNotFoundError:
             if self.directory.is_dir() and self._others(server, digest):
                 return Outcome(None, stale="definition changed")
@@ -254,7 +254,7 @@ class SnapshotDir:
         if len(raw) > MAX_SNAPSHOT_BYTES:
             return self._bad(server, path, f"larger than {MAX_SNAPSHOT_BYTES} bytes")
         try:
-            data = json.loads(raw)
+            data = scrub(json.loads(raw))  # a lone surrogate in a hand-edited or older file
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
             return self._bad(server, path, f"not valid JSON ({str(exc)[:120]})")
         try:

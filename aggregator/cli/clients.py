@@ -30,7 +30,7 @@ from aggregator.config.clients import (
     parse_document,
     read_client_file,
 )
-from aggregator.config.files import read_text
+from aggregator.config.files import decode_text, read_text
 from aggregator.config.importing import ImportPlan, everything_set, plan_import
 from aggregator.config.installing import (
     Backup,
@@ -384,7 +384,11 @@ def _before_install(file: ClientFile, original: str | None, previous: Backup | N
         if original is None:
             return b"", True
         raw = file.path.read_bytes()
-        if raw.decode("utf-8-sig", "replace") != original:
+        try:
+            unchanged = decode_text(raw) == original
+        except UnicodeDecodeError:
+            unchanged = False
+        if not unchanged:
             raise FileChanged(file.path)
         return raw, False
     older = previous.path.read_bytes()

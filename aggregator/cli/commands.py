@@ -30,6 +30,7 @@ from aggregator.cli.progress import progress_line
 from aggregator.config import AggregatorConfig, ConfigError, load_config
 from aggregator.faults import Fault
 from aggregator.log import configure_logging, get_logger, redact_text, register_secrets
+from aggregator.safetext import escaped_output
 from aggregator.settings import Settings, load_settings, resolve_data_dir
 from aggregator.startup import settled_imports
 from aggregator.suggest import closest
@@ -160,6 +161,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:  # `call S T --args '{...}' k=v`: argparse does not take positionals after an option
         args.pairs += extra
+    if args.command == "serve":  # stdout carries protocol messages only
+        return _dispatch(args)
+    with escaped_output():  # an upstream's name, description or result never drives the terminal
+        return _dispatch(args)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         settings = load_settings()
         register_secrets([settings.token.get_secret_value()] if settings.token else [])

@@ -20,7 +20,7 @@ Advance = Callable[[str], None]
 @contextmanager
 def progress_line(description: str, total: int | None, stream: TextIO | None = None) -> Iterator[Advance]:
     """A spinner (and a count of `total` when known) on `stream` (stderr) while the block runs."""
-    stream = sys.stderr if stream is None else stream
+    stream = getattr(sys.stderr, "unescaped", sys.stderr) if stream is None else stream  # it draws with escapes
     if not stream.isatty():
         yield lambda _label: None
         return

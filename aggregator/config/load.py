@@ -15,6 +15,7 @@ from aggregator.config.jsonc import parse_json
 from aggregator.config.models import BUILTIN_SOURCE, AggregatorConfig
 from aggregator.config.shapes import SERVER_SECTIONS
 from aggregator.config.yamlfile import parse_yaml
+from aggregator.safetext import scrub
 
 __all__ = ["load_config", "parse_config", "parse_data", "written_servers"]
 
@@ -50,10 +51,15 @@ def parse_config(
 
 
 def parse_data(text: str, source: str) -> tuple[Any, Lines]:
-    """The file's data as written (a ``.json`` source as JSON, else YAML), and its key lines."""
+    """The file's data as written (a ``.json`` source as JSON, else YAML), and its key lines.
+
+    A lone surrogate (``"\\ud83d"`` escaped in either syntax) becomes U+FFFD: no string that
+    cannot be sent reaches a client, whatever the file says.
+    """
     if source.lower().endswith(".json"):
-        return parse_json(text, source), {}
-    return parse_yaml(text, source)
+        return scrub(parse_json(text, source)), {}
+    data, lines = parse_yaml(text, source)
+    return scrub(data), lines
 
 
 def written_servers(text: str, source: str) -> tuple[str, dict[str, Any]]:

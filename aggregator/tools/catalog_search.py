@@ -25,6 +25,7 @@ from aggregator.tools.base import READ_ONLY, OwnTool, ToolContext, fault_result,
 TOOL_NAME = "catalog_search_tools"
 LIMIT_DEFAULT = 8
 LIMIT_MAX = 50
+MAX_QUERY_CHARS = 1000  # a longer "query" is a document, not a question; it would only cost time
 SCORE_DIGITS = 4
 SUMMARY_COLUMN = 80  # characters of a summary shown by format_results_table
 
@@ -42,6 +43,7 @@ INPUT_SCHEMA: dict[str, Any] = {
         "query": {
             "type": "string",
             "description": "What you want to do, in words or keywords.",
+            "maxLength": MAX_QUERY_CHARS,
         },
         "limit": {
             "type": "integer",
@@ -106,6 +108,10 @@ def parse_arguments(arguments: Mapping[str, Any] | None) -> tuple[str, int, bool
         raise invalid_argument("'query' must be a string: what you want to do, or keywords")
     if not query.strip():
         raise invalid_argument("'query' must not be empty or whitespace")
+    if len(query) > MAX_QUERY_CHARS:
+        raise invalid_argument(
+            f"'query' is {len(query)} characters long; the most is {MAX_QUERY_CHARS}: say it shorter"
+        )
     limit = arguments.get("limit")
     if limit is None:
         limit = LIMIT_DEFAULT

@@ -26,6 +26,7 @@ from pathlib import Path
 import anyio
 import anyio.abc
 import httpx2
+import mcp.types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.client.sse import sse_client
 from mcp.client.stdio import get_default_environment
@@ -34,9 +35,10 @@ from mcp.shared.message import SessionMessage
 
 from aggregator.config import UpstreamConfig
 from aggregator.log import get_logger, redact_text
+from aggregator.safetext import SurrogateEscapes
 from aggregator.sdk import HTTP_TIMEOUT_SECONDS, SSE_READ_TIMEOUT_SECONDS
 from aggregator.upstream.server_messages import parse_upstream_line
-from aggregator.wire import LineSplitter, MessageTooLarge, encode
+from aggregator.wire import LineSplitter, MessageTooLarge, encode, error_answer
 
 log = get_logger(__name__)
 
@@ -202,6 +204,24 @@ class _CappedStream(httpx2.AsyncByteStream):
         await self._inner.aclose()
 
 
+class _ScrubbedStream(httpx2.AsyncByteStream):
+    """Lone surrogate escapes replaced (`SurrogateEscapes`): the SDK's parser refuses them outright."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream) -> None:
+        self._inner = inner
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        escapes = SurrogateEscapes()
+        async for chunk in self._inner:
+            if scrubbed := escapes.feed(chunk):
+                yield scrubbed
+        if rest := escapes.flush():
+            yield rest
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 class _CappedTransport(httpx2.AsyncBaseTransport):
     """Caps JSON bodies; SSE streams too when given an `_Overflow` (else the SDK caps their events)."""
 
@@ -217,6 +237,7 @@ class _CappedTransport(httpx2.AsyncBaseTransport):
             response.stream = _CappedStream(response.stream, self._limit, None)
         elif self._overflow is not None:
             response.stream = _CappedStream(response.stream, self._limit, self._overflow)
+        response.stream = _ScrubbedStream(response.stream)
         return response
 
     async def aclose(self) -> None:
@@ -313,7 +334,7 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_read_stdout, process, to_session, handle)
-            tg.start_soon(_write_stdin, process, from_session, handle.closed)
+            tg.start_soon(_write_stdin, process, from_session, to_session, handle.closed)
             tg.start_soon(_watch_exit, process, to_session, handle.closed)
             try:
                 yield handle
@@ -400,12 +421,18 @@ async def _watch_exit(
 async def _write_stdin(
     process: anyio.abc.Process,
     from_session: MemoryObjectReceiveStream[SessionMessage],
+    to_session: MemoryObjectSendStream[SessionMessage | Exception],
     closed: anyio.Event,
 ) -> None:
     assert process.stdin is not None
     try:
         async for message in from_session:
-            await process.stdin.send(encode(message))
+            line = encode(message)
+            if line:
+                await process.stdin.send(line)
+            elif isinstance(message.message, types.JSONRPCRequest):  # never sent: its caller is answered now
+                answer = error_answer(message.message.id, "the request could not be serialised as JSON")
+                await to_session.send(SessionMessage(answer))
     except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
         closed.set()
 
