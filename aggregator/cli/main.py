@@ -22,7 +22,7 @@ from typing import Any
 
 import anyio
 
-from aggregator import __version__
+from aggregator import __version__, sdk
 from aggregator.catalog.model import age_text
 from aggregator.cli import calls, clients, doctor
 from aggregator.cli.progress import progress_line
@@ -168,6 +168,8 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
     with settled_imports():  # the server's modules, frozen with the rest (issue 24: start-up)
         from aggregator.proxy.server import AggregatorServer
         from aggregator.upstream.pool import UpstreamPool
+    if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):  # as the server side does (proxy/server.py)
+        sdk.untraced_upstream_requests()
 
     data_dir = resolve_data_dir(args.data_dir, settings)
     token = settings.token.get_secret_value() if settings.token else None
