@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import subprocess
@@ -23,6 +24,7 @@ print(json.dumps({"roots": roots, "frozen": gc.get_freeze_count(), "gc": gc.isen
 """
 
 
+@functools.cache  # one interpreter for both tests: it takes a second or more
 def _serve_imports() -> dict[str, object]:
     done = subprocess.run([sys.executable, "-c", SERVE_IMPORTS], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
