@@ -24,7 +24,7 @@ def serve_http_command(config: Path) -> list[str]:
 
 @contextmanager
 def http_aggregator_process(
-    config: Path, *args: str, env: dict[str, str] | None = None
+    config: Path, *args: str, env: dict[str, str] | None = None, start_timeout: float = 20.0
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A real `aggregator serve --transport http` on a free port: (its /mcp URL, the process)."""
     port = free_port()
@@ -35,7 +35,7 @@ def http_aggregator_process(
         stderr=subprocess.PIPE,
     )
     try:
-        wait_for_port(port, proc)
+        wait_for_port(port, proc, timeout=start_timeout)
         yield f"http://127.0.0.1:{port}/mcp", proc
     finally:
         proc.terminate()
@@ -44,8 +44,10 @@ def http_aggregator_process(
 
 
 @contextmanager
-def http_aggregator(config: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    with http_aggregator_process(config, *args, env=env) as (url, _proc):
+def http_aggregator(
+    config: Path, *args: str, env: dict[str, str] | None = None, start_timeout: float = 20.0
+) -> Iterator[str]:
+    with http_aggregator_process(config, *args, env=env, start_timeout=start_timeout) as (url, _proc):
         yield url
 
 

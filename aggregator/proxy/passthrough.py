@@ -25,6 +25,7 @@ from aggregator.faults import Fault
 from aggregator.log import get_logger
 from aggregator.proxy.relay import Clients, Relay
 from aggregator.proxy.routing import ExposedPrompt, ResourceRouter, TaskRouter, build_prompt_table
+from aggregator.sdk import client_connection
 from aggregator.upstream.pool import UpstreamPool
 
 log = get_logger(__name__)
@@ -49,6 +50,7 @@ class Passthrough:
         self._fingerprints: dict[str, tuple[Any, Any]] = {}  # per server: (prompt names, resource keys)
         self._subscribers: dict[str, weakref.WeakSet[Connection]] = {}
         self.relay = Relay(pool, clients, bus, self.tasks, self._subscribers)
+        clients.on_forget.append(pool.client_gone)
         self._changed_prompts = False
         self._changed_resources = False
         self.on_change: Callable[[], None] = lambda: None  # the server wakes its fan-out
@@ -97,15 +99,27 @@ class Passthrough:
 
     # ------------------------------------------------------------ prompts
 
+    async def _start_direct(self) -> None:
+        """A listing is a need of the direct upstreams never listed (as for tools/list): start them."""
+        pending = self.pool.unlisted(direct=True)
+        if pending:
+            await self.pool.start_all(pending)
+
+    async def _prompt(self, name: str) -> ExposedPrompt:
+        """The prompt exposed as `name`, starting the upstreams that may offer it (`find_starting`)."""
+        entry = await self.pool.find_starting(lambda: self._prompts.get(name))
+        if entry is None:
+            raise MCPError(types.INVALID_PARAMS, f"unknown prompt {name!r}; see prompts/list")
+        return entry
+
     async def list_prompts(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
+        await self._start_direct()
         return types.ListPromptsResult(prompts=[_prompt_wire(entry) for entry in self._prompts.values()])
 
     async def get_prompt(self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> dict[str, Any]:
-        entry = self._prompts.get(params.name)
-        if entry is None:
-            raise MCPError(types.INVALID_PARAMS, f"unknown prompt {params.name!r}; see prompts/list")
+        entry = await self._prompt(params.name)
         forwarded = {**passthrough_meta(ctx), "name": entry.prompt.name}
         if params.arguments is not None:
             forwarded["arguments"] = params.arguments
@@ -116,6 +130,7 @@ class Passthrough:
     async def list_resources(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
+        await self._start_direct()
         resources = [
             types.Resource(uri=r.uri, **_listed(server, r))
             for server, catalog in self._catalogs.items()
@@ -126,6 +141,7 @@ class Passthrough:
     async def list_resource_templates(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
+        await self._start_direct()
         templates = [
             types.ResourceTemplate(uri_template=t.uri_template, **_listed(server, t))
             for server, catalog in self._catalogs.items()
@@ -133,8 +149,14 @@ class Passthrough:
         ]
         return types.ListResourceTemplatesResult(resource_templates=templates)
 
-    def _resource_owner(self, uri: str) -> str:
-        server = self.resources.resolve(uri)
+    async def _resource_owner(self, uri: str, template: bool = False) -> str:
+        """The upstream serving `uri` (or, with `template`, offering it as a URI template), started if need be."""
+
+        def lookup() -> str | None:
+            owner = self.resources.template_owner(uri) if template else None
+            return owner or self.resources.resolve(uri)
+
+        server = await self.pool.find_starting(lookup)
         if server is None:
             raise MCPError(RESOURCE_NOT_FOUND, f"no upstream lists, returned or templates the resource {uri!r}")
         return server
@@ -143,13 +165,13 @@ class Passthrough:
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
     ) -> dict[str, Any]:
         uri = str(params.uri)
-        server = self._resource_owner(uri)
+        server = await self._resource_owner(uri)
         return await self.forward(server, "resources/read", {**passthrough_meta(ctx), "uri": uri}, ctx)
 
     async def subscribe(self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> dict[str, Any]:
         uri = str(params.uri)
         result = await self.forward(
-            self._resource_owner(uri), "resources/subscribe", {**passthrough_meta(ctx), "uri": uri}, ctx
+            await self._resource_owner(uri), "resources/subscribe", {**passthrough_meta(ctx), "uri": uri}, ctx
         )
         connection = getattr(ctx.session, "_connection", None)
         if connection is not None:
@@ -164,12 +186,19 @@ class Passthrough:
         subscribers = self._subscribers.get(uri)
         if subscribers is not None and connection is not None:
             subscribers.discard(connection)
-        if subscribers:  # another client still listens: keep the upstream's subscription
+        if subscribers and not self._own_session(uri, ctx):  # another client listens on the shared session
             return {}
         self._subscribers.pop(uri, None)
         return await self.forward(
-            self._resource_owner(uri), "resources/unsubscribe", {**passthrough_meta(ctx), "uri": uri}, ctx
+            await self._resource_owner(uri), "resources/unsubscribe", {**passthrough_meta(ctx), "uri": uri}, ctx
         )
+
+    def _own_session(self, uri: str, ctx: ServerRequestContext[Any]) -> bool:
+        """True if the caller reaches the owner of `uri` on an upstream session of its own (docs/isolation.md)."""
+        server = self.resources.resolve(uri)
+        if server is None or server not in self.pool.upstream_names():
+            return False
+        return self.pool.connection(server).config.per_client_sessions and self.relay.client_of(ctx) is not None
 
     # ------------------------------------------------------------ completions, logging, roots
 
@@ -177,13 +206,11 @@ class Passthrough:
         raw = dict(ctx.params or {})
         ref = dict(raw.get("ref") or {})
         if ref.get("type") == "ref/prompt":
-            entry = self._prompts.get(str(ref.get("name")))
-            if entry is None:
-                raise MCPError(types.INVALID_PARAMS, f"unknown prompt {ref.get('name')!r}; see prompts/list")
+            entry = await self._prompt(str(ref.get("name")))
             server, ref["name"] = entry.server, entry.prompt.name
         else:
             uri = str(ref.get("uri"))
-            server = self.resources.template_owner(uri) or self._resource_owner(uri)
+            server = await self._resource_owner(uri, template=True)
         raw["ref"] = ref
         raw.pop("_meta", None)
         return await self.forward(server, "completion/complete", {**passthrough_meta(ctx), **raw}, ctx)
@@ -205,22 +232,26 @@ class Passthrough:
         extra = {**passthrough_meta(ctx), "task": raw.get("task")}
         forwarded = {**extra, "name": tool, "arguments": dict(arguments)}
         result = await self.forward(server, "tools/call", forwarded, ctx)
-        self.tasks.remember(server, result, getattr(ctx.session, "_connection", None))
+        self.tasks.remember(server, result, client_connection(ctx.session))
         return result
 
     async def task_request(self, ctx: ServerRequestContext[Any]) -> dict[str, Any]:
-        """`tasks/get`, `tasks/result`, `tasks/cancel` by task id; `tasks/list` over every running upstream."""
+        """`tasks/get`, `tasks/result`, `tasks/cancel` by task id; `tasks/list` over every running upstream.
+
+        A task belongs to the client whose call created it: to any other client it does not exist.
+        """
         raw = dict(ctx.params or {})
         if ctx.method == "tasks/list":
             return await self._list_tasks(ctx)
         task_id = raw.get("taskId")
         owner = self.tasks.owner(task_id) if isinstance(task_id, str) else None
-        if owner is None:
+        if owner is None or not _is_caller(owner[1], ctx):
             raise MCPError(types.INVALID_PARAMS, f"unknown task {task_id!r}")
         raw.pop("_meta", None)
         return await self.forward(owner[0], ctx.method, {**passthrough_meta(ctx), **raw}, ctx)
 
     async def _list_tasks(self, ctx: ServerRequestContext[Any]) -> dict[str, Any]:
+        """The caller's own tasks, as the upstreams that run them list them."""
         tasks: list[Any] = []
         for conn in self.pool.ready_connections():
             caps = conn.server_capabilities
@@ -232,8 +263,9 @@ class Passthrough:
                 log.warning("tasks/list failed", upstream=conn.name, error=str(exc)[:200])
                 continue
             for task in result.get("tasks") or []:
-                if isinstance(task, Mapping) and isinstance(task.get("taskId"), str):
-                    self.tasks.remember_id(conn.name, task["taskId"])
+                task_id = task.get("taskId") if isinstance(task, Mapping) else None
+                owner = self.tasks.owner(task_id) if isinstance(task_id, str) else None
+                if owner is not None and owner[0] == conn.name and _is_caller(owner[1], ctx):
                     tasks.append(task)
         return {"tasks": tasks}
 
@@ -287,6 +319,11 @@ def passthrough_meta(ctx: ServerRequestContext[Any]) -> dict[str, Any]:
         if key != "progressToken" and (not key.startswith(_RESERVED_META_PREFIX) or key in _KEPT_RESERVED_META)
     }
     return {"_meta": meta} if meta else {}
+
+
+def _is_caller(creator: Any, ctx: ServerRequestContext[Any]) -> bool:
+    """True if `creator` (the client that created a task) is the client making this request."""
+    return creator is not None and creator is client_connection(ctx.session)
 
 
 def _listed(server: str, entry: ResourceEntry | ResourceTemplateEntry) -> dict[str, Any]:

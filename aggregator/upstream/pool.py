@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -32,12 +32,16 @@ from aggregator.config.watch import watch_config
 from aggregator.faults import Fault
 from aggregator.log import get_logger, register_secrets
 from aggregator.sdk import ProgressFn
+from aggregator.suggest import closest
+from aggregator.upstream.auth import Authenticator, TokenStore
 from aggregator.upstream.connection import State, UpstreamConnection
 from aggregator.upstream.session import Downstream, NoDownstream
 
 log = get_logger(__name__)
 
 SHUTDOWN_GRACE_SECONDS = 5.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,20 +65,39 @@ class UpstreamStatus:
 
 
 def secret_values(config: AggregatorConfig) -> list[str]:
-    """Every configured value that may be a secret: upstream env and header values."""
+    """Every configured value that may be a secret: upstream env and header values, OAuth client secrets."""
     return [
         value
         for upstream in config.upstreams.values()
-        for value in (*upstream.env.values(), *upstream.headers.values())
+        for value in (
+            *upstream.env.values(),
+            *upstream.headers.values(),
+            upstream.client_secret,
+            upstream.client_private_key,
+        )
+        if value is not None
     ]
 
 
 class UpstreamPool:
     """Implements `aggregator.catalog.source.CatalogSource` over real connections."""
 
-    def __init__(self, config: AggregatorConfig, task_group: anyio.abc.TaskGroup, data_dir: Path | None = None) -> None:
-        """`data_dir`: where catalog snapshots live; None keeps no snapshots at all."""
+    def __init__(
+        self,
+        config: AggregatorConfig,
+        task_group: anyio.abc.TaskGroup,
+        data_dir: Path | None = None,
+        authenticator: Authenticator | None = None,
+    ) -> None:
+        """`data_dir`: where catalog snapshots (and OAuth tokens) live; None keeps none on disk.
+
+        `authenticator`: how remote upstreams sign in; by default from the data dir's token
+        store, and never interactively (a needed sign-in fails at once, naming the command).
+        """
         self.config = config
+        self.authenticator = authenticator or Authenticator(
+            TokenStore.in_data_dir(data_dir) if data_dir else TokenStore(None)
+        )
         register_secrets(secret_values(config))
         self.snapshots = SnapshotDir(data_dir) if data_dir is not None else None
         self._fingerprints = {
@@ -86,7 +109,7 @@ class UpstreamPool:
         self.downstream: Downstream = NoDownstream()  # the server installs itself here
         self.on_call_result: Callable[[str, Any], None] = lambda server, result: None
         self._connections = {
-            name: UpstreamConnection(upstream, self._store, task_group, lambda: self.downstream)
+            name: UpstreamConnection(upstream, self._store, task_group, lambda: self.downstream, self.authenticator)
             for name, upstream in config.upstreams.items()
         }
         self._by_folded = {name.casefold(): name for name in self._connections}
@@ -105,7 +128,12 @@ class UpstreamPool:
     @classmethod
     @asynccontextmanager
     async def running(
-        cls, config: AggregatorConfig, data_dir: Path | None = None, *, watch: Path | None = None
+        cls,
+        config: AggregatorConfig,
+        data_dir: Path | None = None,
+        *,
+        watch: Path | None = None,
+        authenticator: Authenticator | None = None,
     ) -> AsyncIterator[UpstreamPool]:
         """A pool whose upstreams are all stopped (process groups included) on exit.
 
@@ -113,7 +141,7 @@ class UpstreamPool:
         file (and SIGHUP) are applied while it runs (`apply_config`).
         """
         async with anyio.create_task_group() as tg:
-            pool = cls(config, tg, data_dir)
+            pool = cls(config, tg, data_dir, authenticator)
             try:
                 pool._start_eager()
                 if watch is not None:
@@ -189,6 +217,50 @@ class UpstreamPool:
                 del self._busy[conn]
         self.on_call_result(server, result)
         return result
+
+    def client_gone(self, client: Any) -> None:
+        """A downstream client disconnected: end the upstream sessions it had of its own (docs/isolation.md)."""
+        for conn in [*self._connections.values(), *self._retiring]:
+            conn.clients.close(client)
+
+    def unlisted(self, *, direct: bool) -> list[str]:
+        """Upstreams never listed (no live catalog, no snapshot) and not inside a backoff window.
+
+        `direct`: those with `expose: direct` (True) or the others (False).
+        """
+        return [
+            name
+            for name, conn in self._connections.items()
+            if self._store.get(name) is None and (conn.config.expose == "direct") == direct and not conn.in_backoff()
+        ]
+
+    def snapshot_only(self) -> list[str]:
+        """Upstreams known only from a snapshot (not running), outside a backoff window."""
+        return [
+            name
+            for name, conn in self._connections.items()
+            if self._store.get(name) is not None and self._store.live(name) is None and not conn.in_backoff()
+        ]
+
+    async def find_starting(self, lookup: Callable[[], T | None]) -> T | None:
+        """`lookup()`, and while it finds nothing, start the next upstreams that may own it and look again.
+
+        Where no loaded catalog or snapshot names the owner of a prompt, a URI or a
+        template, the candidates start in rounds, each round concurrently (single
+        flight, backoff as for calls): direct upstreams never listed, the other
+        upstreams never listed, then those known only from a (perhaps stale)
+        snapshot. None when no upstream owns it.
+        """
+        found = lookup()
+        rounds = (lambda: self.unlisted(direct=True), lambda: self.unlisted(direct=False), self.snapshot_only)
+        for names in rounds:
+            if found is not None:
+                break
+            pending = names()
+            if pending:
+                await self.start_all(pending)
+                found = lookup()
+        return found
 
     def ready_connections(self) -> list[UpstreamConnection]:
         """The connections that are ready now."""
@@ -284,7 +356,7 @@ class UpstreamPool:
         for conn in everyone:
             conn.request_stop()
         with anyio.move_on_after(SHUTDOWN_GRACE_SECONDS, shield=True):
-            while self._writers or any(conn.state in (State.READY, State.STARTING) for conn in everyone):
+            while self._writers or any(_running(conn) for conn in everyone):
                 await anyio.sleep(0.02)
         tg.cancel_scope.cancel()
 
@@ -317,7 +389,7 @@ class UpstreamPool:
         fresh = [*diff.added, *diff.changed]
         for name in fresh:
             self._connections[name] = UpstreamConnection(
-                config.upstreams[name], self._store, self._tg, lambda: self.downstream
+                config.upstreams[name], self._store, self._tg, lambda: self.downstream, self.authenticator
             )
             if self.snapshots is not None and config.upstreams[name].snapshots:
                 self._fingerprints[name] = fingerprint(config.upstreams[name])
@@ -332,14 +404,14 @@ class UpstreamPool:
         return diff
 
     def _retire(self, conn: UpstreamConnection) -> None:
-        """Take `conn` out of service now; stop it once its calls in flight are done (or time out)."""
+        """Take `conn` out of service now; stop it once its requests in flight (any kind) are done (or time out)."""
         conn.detach_store()
         self._store.forget(conn.name)  # removed, or its definition changed: its snapshot no longer holds
         self._retiring.add(conn)
 
         async def stop_when_idle() -> None:
             with anyio.move_on_after(conn.config.timeouts.call):
-                while self._busy.get(conn):
+                while self._busy.get(conn) or conn.busy:
                     await anyio.sleep(0.05)
             conn.request_stop()
             self._retiring.discard(conn)
@@ -410,9 +482,17 @@ def require_tool(catalog: Catalog, tool: str, snapshot: Catalog | None = None) -
             f"{catalog.server} no longer has tool {tool!r} (a snapshot from {age_text(snapshot.age())} ago listed it, "
             "the running server does not); search again with catalog_search_tools",
         )
-    near = [t.name for t in catalog.exposed_tools if tool.lower() in t.name.lower()][:5]
-    hint = f"; similar: {', '.join(near)}" if near else "; see catalog_list_tools"
+    names = [t.name for t in catalog.exposed_tools]
+    near = [name for name in names if tool.lower() in name.lower()][:5]
+    guess = closest(tool, names)
+    hint = f"; did you mean {guess!r}?" if guess else f"; similar: {', '.join(near)}" if near else ""
+    hint += f"; see catalog_list_tools(server={catalog.server!r})"
     raise Fault("unknown_tool", f"{catalog.server} has no tool {tool!r}{hint}")
+
+
+def _running(conn: UpstreamConnection) -> bool:
+    """True while the upstream or one of its per-client sessions still runs."""
+    return conn.state in (State.READY, State.STARTING) or bool(len(conn.clients))
 
 
 def _hidden_by(tools: ToolFilter) -> Callable[[str], bool]:

@@ -15,6 +15,8 @@ naming which internal changed (each function below has a test that exercises it 
   tracer configured that is pure per-call cost, and the middleware class is private.
 - `untraced_upstream_requests`: the client side does the same, one span and one trace-context
   injection per request sent to an upstream, from module globals of the private dispatcher.
+- `oauth` (a submodule, `aggregator.sdk.oauth`): the SDK's OAuth providers with three private steps
+  extended (stored expiry kept, refresh before expiry and on 401, configured scopes added).
 - `defer_wire_model_builds`: the SDK's ~570 generated wire models (both protocol eras) build their
   pydantic validators at import; deferred, each builds on its first use, so an era no client speaks
   costs only its class definitions. It must run before `mcp` is imported, so this module imports

@@ -1,0 +1,106 @@
+"""The official MCP conformance suite's server scenarios: directly, and through the aggregator.
+
+The reference server of the suite runs once for the module. The suite runs against it directly, then
+through `aggregator serve --transport http` fronting it as upstream `ref` (`expose: direct`): with
+prefixed names (the suite copy calls `ref__<name>`), with `prefix: false` (the suite as it is), and
+each lazy-start scenario alone on a fresh aggregator (fresh data dir: no snapshot, nothing started).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import conformance
+from tests.conftest import write_config
+from tests.test_serve_http import http_aggregator
+
+if (why := conformance.missing()) is not None:
+    pytest.skip(why, allow_module_level=True)
+
+LAZY_START = [
+    "completion-complete",
+    "prompts-list",
+    "prompts-get-simple",
+    "prompts-get-with-args",
+    "prompts-get-embedded-resource",
+    "prompts-get-with-image",
+    "resources-list",
+    "resources-read-text",
+    "resources-read-binary",
+    "resources-templates-read",
+    "resources-subscribe",
+    "resources-unsubscribe",
+    "tools-list",
+    "tools-call-simple-text",
+    "server-initialize",
+]
+"""Scenarios whose first request needs the upstream's catalog: on a fresh aggregator they must start it."""
+
+EXPECTED_FAILURES: dict[str, str] = {
+    # Issue 19 item 2 (the isolation lane): `server-sse-polling` runs just before it and leaves its
+    # `test_reconnection` call in flight to `ref` (the upstream closes the SSE stream mid-call; the
+    # call then waits out its 60 s timeout). With calls of two clients in flight to one upstream,
+    # `proxy/relay.py` refuses the upstream's elicitation ("cannot tell which client"), so the suite
+    # sees "Server did not request elicitation from client". Alone on a fresh aggregator it passes.
+    # Remove this entry when exact attribution lands: the check below fails once it passes.
+    "elicitation-sep1330-enums": "a stuck call of another client blocks relays (issue 19 item 2)",
+}
+"""Scenarios known to fail in a whole-suite run through the aggregator, with why (strict: each must fail)."""
+
+
+@pytest.fixture(scope="module")
+def reference() -> Iterator[str]:
+    with conformance.reference_server() as url:
+        yield url
+
+
+def ref_config(directory: Path, url: str, **upstream: Any) -> Path:
+    return write_config(directory, {"ref": {"url": url, "expose": "direct", **upstream}})
+
+
+def check(outcome: conformance.Outcome, out_dir: Path, expected: list[str], allowed: dict[str, str]) -> None:
+    """Every expected scenario ran; none failed but those `allowed` to."""
+    assert sorted(outcome.scenarios) == sorted(expected), outcome.log[-3000:]
+    unexpected = [name for name in outcome.failed() if name not in allowed]
+    assert not unexpected, f"{unexpected} failed:\n{outcome.failures(out_dir)}"
+    fixed = sorted(set(allowed) - set(outcome.failed()))
+    assert not fixed, f"{fixed} passed: remove them from EXPECTED_FAILURES"
+
+
+def test_the_suite_has_its_32_server_scenarios() -> None:
+    assert len(conformance.server_scenarios()) == 32
+
+
+def test_directly(reference: str, tmp_path: Path) -> None:
+    outcome = conformance.run_suite(reference, conformance.SUITE, tmp_path / "out")
+    check(outcome, tmp_path / "out", conformance.server_scenarios(), {})
+
+
+def test_through_the_aggregator_prefixed(reference: str, tmp_path: Path) -> None:
+    entry = conformance.suite_entry(tmp_path, "ref__")
+    with http_aggregator(ref_config(tmp_path, reference)) as url:
+        outcome = conformance.run_suite(url, entry, tmp_path / "out")
+    check(outcome, tmp_path / "out", conformance.server_scenarios(), EXPECTED_FAILURES)
+
+
+def test_each_lazy_scenario_alone_on_a_fresh_aggregator(reference: str, tmp_path: Path) -> None:
+    """Each on its own aggregator with an empty data dir, a few at a time (CI time stays bounded)."""
+    entry = conformance.suite_entry(tmp_path, "ref__")
+
+    def alone(scenario: str) -> str:
+        directory = tmp_path / scenario
+        directory.mkdir()
+        config = ref_config(directory, reference)
+        with http_aggregator(config, "--data-dir", str(directory / "data"), start_timeout=90) as url:
+            outcome = conformance.run_suite(url, entry, directory / "out", scenario)
+        assert list(outcome.scenarios) == [scenario], outcome.log[-3000:]
+        return outcome.failures(directory / "out") if outcome.failed() else ""
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        failures = dict(zip(LAZY_START, pool.map(alone, LAZY_START), strict=True))
+    assert not any(failures.values()), "\n".join(text for text in failures.values() if text)
