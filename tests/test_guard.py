@@ -3,6 +3,7 @@ guard per upstream: an upstream's escaped processes end with it, not before and 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,9 @@ from typing import Any
 
 import pytest
 
+from aggregator.config import parse_config
+from aggregator.upstream.guard_client import guard_pid
+from aggregator.upstream.pool import UpstreamPool
 from tests.conftest import alive, kit_upstream, rpc, spawn_raw_aggregator, write_config
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the guard is Linux-only")
@@ -111,4 +115,19 @@ def test_a_killed_guard_takes_its_upstreams_along_and_is_started_again(tmp_path:
         assert proc.stdin
         proc.stdin.close()
         proc.wait(timeout=30)
+    assert _gone_within([second]) == []
+
+
+async def test_the_guard_goes_when_its_last_upstream_has_stopped_and_comes_back_for_the_next(tmp_path: Path) -> None:
+    config = parse_config(json.dumps({"upstreams": {"a": kit_upstream(), "b": kit_upstream()}}), "test.yaml")
+    async with UpstreamPool.running(config, tmp_path) as pool:
+        await pool.call_tool("a", "echo", {"message": "x"})
+        await pool.call_tool("b", "echo", {"message": "x"})
+        first = guard_pid()
+        assert first is not None and alive(first)
+    assert _gone_within([first]) == []  # nothing left to guard: no idle guard process
+    async with UpstreamPool.running(config, tmp_path) as pool:
+        await pool.call_tool("a", "echo", {"message": "x"})
+        second = guard_pid()
+        assert second is not None and second != first and alive(second)
     assert _gone_within([second]) == []

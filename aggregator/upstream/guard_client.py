@@ -4,7 +4,9 @@
 whose stdin and stdout are plain pipes the aggregator made (the guard only holds them long enough
 to hand them to the upstream). The guard is started on the first need and again if it died; one
 reader thread takes its answers (pids, exit codes), so no event loop owns it and every loop of the
-process (tests run many) shares it. Off Linux there is no guard: the upstream is spawned directly.
+process (tests run many) shares it. When its last upstream has exited the guard is told to go (its
+socket is shut): nothing idles, and the next upstream starts a new one. Off Linux there is no
+guard: the upstream is spawned directly.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ class GuardError(OSError):
     """The guard could not start the upstream (its message says why)."""
 
 
+class _Retired(Exception):
+    """This guard was told to go (its last upstream exited): ask a new one."""
+
+
 class _Guard:
     """One running guard: its socket, the reader thread, and the upstreams it reported."""
 
@@ -52,15 +58,16 @@ class _Guard:
         self.lock = threading.Lock()
         self.next_id = 0
         self.pending: dict[int, Future[int]] = {}
-        self.processes: dict[int, GuardedProcess] = {}
+        self.processes: dict[int, GuardedProcess | None] = {}  # None: spawned, not registered yet
         self.early_exits: dict[int, int] = {}  # exits reported before their process was registered
         self.alive = True
+        self.retired = False  # told to go once idle (not dead)
         threading.Thread(target=self._read, name="aggregator-guard", daemon=True).start()
 
     def spawn(self, argv: list[str], env: Mapping[str, str], cwd: str | None, fds: list[int]) -> int:
         with self.lock:
             if not self.alive:
-                raise GuardError("the guard process has exited")
+                raise _Retired if self.retired else GuardError("the guard process has exited")
             self.next_id += 1
             ident = self.next_id
             answer: Future[int] = Future()
@@ -78,10 +85,17 @@ class _Guard:
             code = self.early_exits.pop(process.pid, None)
             if code is not None:
                 process.exited(code)
-            elif not self.alive:
+            elif process.pid not in self.processes:  # the guard died in between, and the upstream with it
                 process.exited(128 + signal.SIGKILL)
             else:
                 self.processes[process.pid] = process
+
+    def _retire_if_idle(self) -> None:
+        """No upstream left and none starting: tell the guard to go (under the lock)."""
+        if self.alive and not self.processes and not self.pending:
+            self.alive, self.retired = False, True
+            with suppress(OSError):
+                self.sock.shutdown(socket.SHUT_WR)  # the guard reads end-of-file, ends what is left, exits
 
     def _read(self) -> None:
         while True:
@@ -99,8 +113,11 @@ class _Guard:
                         process.exited(int(message["code"]))
                     else:
                         self.early_exits[message["exit"]] = int(message["code"])
+                    self._retire_if_idle()
                     continue
                 answer = self.pending.pop(message["id"], None)
+                if answer is not None and "pid" in message:
+                    self.processes[int(message["pid"])] = None
             if answer is not None:
                 if "pid" in message:
                     answer.set_result(int(message["pid"]))
@@ -110,8 +127,11 @@ class _Guard:
             self.alive = False
             for answer in self.pending.values():
                 answer.set_exception(GuardError("the guard process has exited"))
-            for process in self.processes.values():
-                process.exited(128 + signal.SIGKILL)
+            for pid, process in self.processes.items():
+                if process is not None:
+                    process.exited(128 + signal.SIGKILL)
+                else:
+                    self.early_exits[pid] = 128 + signal.SIGKILL
             self.pending.clear()
             self.processes.clear()
         with suppress(OSError):
@@ -256,8 +276,7 @@ async def open_guarded_process(
     stdin_read, stdin_write = os.pipe()
     stdout_read, stdout_write = os.pipe()
     try:
-        guard = _guard()
-        pid = await anyio.to_thread.run_sync(guard.spawn, argv, env, cwd, [stdin_read, stdout_write, stderr])
+        guard, pid = await anyio.to_thread.run_sync(_spawn, argv, env, cwd, [stdin_read, stdout_write, stderr])
     except BaseException:
         for fd in (stdin_write, stdout_read):
             os.close(fd)
@@ -268,3 +287,13 @@ async def open_guarded_process(
     process = GuardedProcess(pid, stdin_write, stdout_read)
     guard.register(process)
     return process
+
+
+def _spawn(argv: list[str], env: Mapping[str, str], cwd: str | None, fds: list[int]) -> tuple[_Guard, int]:
+    """Start the upstream under the current guard, or a new one if that one was just retired."""
+    while True:
+        guard = _guard()
+        try:
+            return guard, guard.spawn(argv, env, cwd, fds)
+        except _Retired:
+            continue
