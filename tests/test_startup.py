@@ -7,18 +7,20 @@ import gc
 import json
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 from aggregator.startup import settled_imports
 
-# What a stdio `serve` loads on the way to its first answer (the CLI, config, logging, the server, the pool).
+# What a stdio `serve` loads on the way to its first answer: the CLI runs a command (which loads the config,
+# logging and the pool under `settled_imports`), then the server's modules.
 SERVE_IMPORTS = """
-import json, sys
-import aggregator.cli
-from aggregator.log import configure_logging
-configure_logging("info", None)
-from aggregator.cli import main as cli
+import gc, io, json, sys
+from contextlib import redirect_stdout
+from aggregator.cli import main
+with redirect_stdout(io.StringIO()):
+    assert main(["list-upstreams", "--json", "--config", sys.argv[1]]) == 0
 import aggregator.proxy.server, aggregator.upstream.pool, aggregator.downstream.stdio
-import gc
 roots = sorted({name.split(".")[0] for name in sys.modules})
 print(json.dumps({"roots": roots, "frozen": gc.get_freeze_count(), "gc": gc.isenabled()}))
 """
@@ -26,9 +28,14 @@ print(json.dumps({"roots": roots, "frozen": gc.get_freeze_count(), "gc": gc.isen
 
 @functools.cache  # one interpreter for both tests: it takes a second or more
 def _serve_imports() -> dict[str, object]:
-    done = subprocess.run([sys.executable, "-c", SERVE_IMPORTS], capture_output=True, text=True, timeout=120)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "aggregator.yaml"
+        config.write_text(json.dumps({"upstreams": {"kit": {"command": sys.executable, "args": ["-c", "pass"]}}}))
+        done = subprocess.run(
+            [sys.executable, "-c", SERVE_IMPORTS, str(config)], capture_output=True, text=True, timeout=120
+        )
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)  # type: ignore[no-any-return]
+    return json.loads(done.stdout.splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def test_serve_imports_no_cli_only_module_and_no_rich() -> None:
