@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from aggregator import __version__
+from aggregator import __version__, sdk
 from aggregator.cli.progress import progress_line
 from aggregator.config import AggregatorConfig, ConfigError, load_config
 from aggregator.faults import Fault
@@ -162,12 +162,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:  # `call S T --args '{...}' k=v`: argparse does not take positionals after an option
         args.pairs += extra
     if args.command == "serve":  # stdout carries protocol messages only
-        return _dispatch(args)
+        return _dispatch(args, real_process=argv is None)
     with escaped_output():  # an upstream's name, description or result never drives the terminal
-        return _dispatch(args)
+        return _dispatch(args, real_process=argv is None)
 
 
-def _dispatch(args: argparse.Namespace) -> int:
+def _dispatch(args: argparse.Namespace, *, real_process: bool) -> int:
+    """Load settings, logging and the config, then run the command; `real_process`: not a test calling main()."""
     try:
         settings = load_settings()
         register_secrets([settings.token.get_secret_value()] if settings.token else [])
@@ -196,7 +197,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         "refresh": _refresh,
     }
     code = _run(getattr(args, "handler", None) or commands[args.command], args, config, settings)
-    if args.command == "serve" and argv is None:  # the real process, not a test calling main() in-process
+    if args.command == "serve" and real_process:
         _exit_now(code)
     return code
 
@@ -295,6 +296,8 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
     with settled_imports():  # the server's modules, frozen with the rest (issue 24: start-up)
         from aggregator.proxy.server import AggregatorServer
         from aggregator.upstream.pool import UpstreamPool
+    if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):  # as the server side does (proxy/server.py)
+        sdk.untraced_upstream_requests()
 
     data_dir = resolve_data_dir(args.data_dir, settings)
     token = settings.token.get_secret_value() if settings.token else None

@@ -15,13 +15,11 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import anyio
 import anyio.abc
@@ -37,6 +35,7 @@ from aggregator.config import UpstreamConfig
 from aggregator.log import get_logger, redact_text
 from aggregator.safetext import SurrogateEscapes
 from aggregator.sdk import HTTP_TIMEOUT_SECONDS, SSE_READ_TIMEOUT_SECONDS
+from aggregator.upstream.guard_client import open_guarded_process
 from aggregator.upstream.server_messages import parse_upstream_line
 from aggregator.wire import LineSplitter, MessageTooLarge, encode, error_answer
 
@@ -310,18 +309,10 @@ async def _relayed(
 async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[TransportHandle]:
     assert config.command is not None
     env = get_default_environment() | dict(config.env)
-    argv = guarded([_resolve_command(config.command, env, config.cwd), *config.args])
+    argv = [_resolve_command(config.command, env, config.cwd), *config.args]
     err_read, err_write = os.pipe()
-    try:
-        process = await anyio.open_process(
-            argv,
-            env=env,
-            cwd=config.cwd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err_write,
-            start_new_session=True,
-        )
+    try:  # under the shared guard (guard.py): no process of the upstream outlives us
+        process = await open_guarded_process(argv, env=env, cwd=config.cwd, stderr=err_write)
     except BaseException:
         os.close(err_read)
         os.close(err_write)
@@ -345,16 +336,6 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
             await _stop_process(process)
             for stream in (to_session, read, write, from_session):
                 await stream.aclose()
-
-
-GUARD = Path(__file__).with_name("guard.py")
-
-
-def guarded(argv: list[str]) -> list[str]:
-    """On Linux, `argv` run under the guard (see guard.py), so no process of it outlives us."""
-    if sys.platform != "linux":
-        return argv
-    return [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), *argv]
 
 
 def _resolve_command(command: str, env: Mapping[str, str], cwd: str | None) -> str:
