@@ -184,13 +184,14 @@ class Guard:
             self.ending.append((time.monotonic() + TERM_GRACE_SECONDS, doomed))
 
     def finish_ending(self) -> None:
+        """SIGKILL what is left of the trees whose grace is over; `collect` reaps them (it alone reaps
+        while serving, so no upstream's exit is ever collected without being reported)."""
         now = time.monotonic()
         due = [pids for deadline, pids in self.ending if deadline <= now]
         self.ending = [(deadline, pids) for deadline, pids in self.ending if deadline > now]
         for pids in due:
             children = _children_map()
             _kill([pid for root in pids for pid in (root, *descendants(root, children))], signal.SIGKILL)
-        _reap()
 
     def timeout(self) -> float | None:
         if not self.ending:
