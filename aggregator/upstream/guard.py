@@ -22,7 +22,8 @@ aggregator is killed with SIGKILL nothing ends the group at all. So the guard
 - ends everything it holds when the aggregator goes away, however it goes: the socket reaches
   end-of-file when the aggregator exits or is killed, and SIGTERM, SIGINT and SIGHUP do the same.
 
-Messages are JSON. Aggregator → guard: ``{"id", "argv", "env", "cwd"}`` with three descriptors.
+Messages are dicts in `marshal` format (the same interpreter runs both ends; `json` would
+add 0.5 MB to the guard's RSS). Aggregator → guard: ``{"id", "argv", "env", "cwd"}`` with three descriptors.
 Guard → aggregator: ``{"id", "pid"}`` or ``{"id", "error"}``, and ``{"exit": pid, "code": n}``
 (128 + signal when a signal ended it).
 """
@@ -30,7 +31,7 @@ Guard → aggregator: ``{"id", "pid"}`` or ``{"id", "error"}``, and ``{"exit": p
 from __future__ import annotations
 
 import ctypes
-import json
+import marshal
 import os
 import selectors
 import signal
@@ -137,7 +138,7 @@ class Guard:
 
     def send(self, message: dict[str, object]) -> None:
         try:  # noqa: SIM105
-            self.sock.send(json.dumps(message).encode())
+            self.sock.send(marshal.dumps(message))
         except OSError:  # the aggregator is gone: the main loop sees end-of-file next
             pass
 
@@ -244,8 +245,8 @@ def serve(guard: Guard) -> None:
                 if not data:
                     return
                 try:
-                    request = json.loads(data)
-                except ValueError:
+                    request = marshal.loads(data)
+                except (ValueError, EOFError, TypeError):
                     request = {}
                 guard.spawn(request if isinstance(request, dict) else {}, list(fds))
             else:

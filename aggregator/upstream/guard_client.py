@@ -11,7 +11,7 @@ guard: the upstream is spawned directly.
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
 import signal
 import socket
@@ -74,7 +74,7 @@ class _Guard:
             self.pending[ident] = answer
             request = {"id": ident, "argv": argv, "env": dict(env), "cwd": cwd}
             try:
-                socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
+                socket.send_fds(self.sock, [marshal.dumps(request)], fds)
             except OSError:
                 self.pending.pop(ident, None)
                 raise
@@ -105,7 +105,7 @@ class _Guard:
                 data = b""
             if not data:
                 break
-            message = json.loads(data)
+            message = marshal.loads(data)
             with self.lock:
                 if "exit" in message:
                     process = self.processes.pop(message["exit"], None)
