@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from aggregator.config import parse_config
+from aggregator.upstream import guard_client
 from aggregator.upstream.guard_client import guard_pid
 from aggregator.upstream.pool import UpstreamPool
 from tests.conftest import alive, kit_upstream, rpc, spawn_raw_aggregator, write_config
@@ -131,3 +132,15 @@ async def test_the_guard_goes_when_its_last_upstream_has_stopped_and_comes_back_
         second = guard_pid()
         assert second is not None and second != first and alive(second)
     assert _gone_within([second]) == []
+
+
+def test_a_refused_start_leaves_no_idle_guard() -> None:
+    guard = guard_client._guard()
+    ends = [*os.pipe(), *os.pipe()]
+    try:
+        with pytest.raises(guard_client.GuardError, match="argv"):
+            guard.spawn([], {}, None, ends[:3])  # the guard refuses a request without a command
+    finally:
+        for fd in ends:
+            os.close(fd)
+    assert _gone_within([guard.process.pid]) == []

@@ -118,6 +118,8 @@ class _Guard:
                 answer = self.pending.pop(message["id"], None)
                 if answer is not None and "pid" in message:
                     self.processes[int(message["pid"])] = None
+                else:  # a refused start: the guard may have nothing left to do
+                    self._retire_if_idle()
             if answer is not None:
                 if "pid" in message:
                     answer.set_result(int(message["pid"]))
