@@ -8,7 +8,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from aggregator.catalog.tokens import identifiers, tokenize
+from aggregator.catalog.search.tokens import identifiers, tokenize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
