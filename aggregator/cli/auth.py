@@ -130,7 +130,7 @@ def sign_in_state(store: TokenStore, upstream: UpstreamConfig) -> dict[str, Any]
         state = "signed in"
     return {
         "name": upstream.name,
-        "auth": upstream.auth or "oauth",
+        "auth": upstream.auth or "auto",  # auto: OAuth once the server asks for it
         "state": state,
         "expires_in": left,
         "scopes": redact_text(str(tokens.get("scope") or "")),
