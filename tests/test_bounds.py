@@ -8,11 +8,11 @@ from pathlib import Path
 
 import anyio
 import pytest
-from aggregator.catalog.search.tokens import identifiers, tokenize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregator.catalog.model import SUMMARY_CHARS, summarize
+from aggregator.catalog.search.tokens import identifiers, tokenize
 from aggregator.config.errors import ConfigError
 from aggregator.config.files import read_text
 from aggregator.textindex.highlight import RADIUS, make_highlights
