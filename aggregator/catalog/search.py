@@ -76,6 +76,7 @@ _BIG = 4 * _HEAD  # a token may read postings longer than this in place
 _BATCH = 128  # documents scored together during top-k retrieval
 _TOKEN_CACHE = 4096  # query tokens whose expansion is kept
 _STATS_BUDGET = 400_000  # entries of per-token match tables kept between queries (~30 MB)
+MAX_INDEXED_CHARS = 16_384  # of one description or parameter text: a 1 MB one would block the loop on load
 
 
 FIELDS = ("name", "identifier", "title", "description", "params", "annotations", "server_name", "server_description")
@@ -276,7 +277,7 @@ def annotation_tokens(annotations: Mapping[str, Any] | None) -> list[str]:
 
 
 def _tokens_of(texts: Iterable[str]) -> list[str]:
-    return [token for text in texts for token in tokenize(text)]
+    return [token for text in texts for token in tokenize(text[:MAX_INDEXED_CHARS])]
 
 
 def param_texts(schema: Mapping[str, Any]) -> list[str]:
@@ -434,7 +435,7 @@ class ToolSearchIndex:
             "name": (name := tokenize(entry.name)),
             "identifier": [] if (whole := identifier(name)) is None else [whole],
             "title": tokenize(entry.title),
-            "description": tokenize(entry.description),
+            "description": tokenize(entry.description[:MAX_INDEXED_CHARS]),
             "params": _tokens_of(param_texts(entry.input_schema)),
             "annotations": annotation_tokens(entry.annotations),
         }
