@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregator.catalog.model import SUMMARY_CHARS, clean_tool, summarize
-from aggregator.catalog.search import MAX_INDEXED_CHARS, ToolSearchIndex
+from aggregator.catalog.search import MAX_INDEXED_CHARS
+from aggregator.catalog.search.documents import tool_fields
 from aggregator.catalog.search.tokens import identifiers, tokenize
 from aggregator.config.errors import ConfigError
 from aggregator.config.files import read_text
@@ -51,7 +52,7 @@ def test_a_megabyte_description_is_indexed_by_its_head() -> None:
     """Tokenizing two 1 MB descriptions held the event loop ~0.5 s at load; only the head counts."""
     description = "Lists the files. " + "e.g. " * (MEGABYTE // 5) + "zebrafinch"
     tool = clean_tool("kit", {"name": "big", "description": description, "inputSchema": {"type": "object"}})
-    tokens = ToolSearchIndex._own_fields(tool)["description"]
+    tokens = tool_fields(tool)["description"]
     assert tokens[:3] == tokenize("Lists the files") and "zebrafinch" not in tokens
     assert len(tokens) <= MAX_INDEXED_CHARS
 
