@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -22,12 +23,14 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomically(path: Path, payload: bytes) -> None:
+def write_atomically(path: Path, payload: bytes, before_replace: Callable[[int], None] | None = None) -> None:
     """Replace `path` with `payload` so that readers see the old file or the new one, never a torn one.
 
     A temporary file in the same directory is written and fsynced, then renamed
     over `path` (`os.replace` is atomic); concurrent writers each use their own
-    temporary file, so the last rename wins whole.
+    temporary file, so the last rename wins whole. `before_replace` gets the
+    temporary file's descriptor just before the rename: it may set its mode and
+    owner, or raise to leave `path` untouched.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -36,6 +39,8 @@ def write_atomically(path: Path, payload: bytes) -> None:
             file.write(payload)
             file.flush()
             os.fsync(file.fileno())
+            if before_replace is not None:
+                before_replace(file.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

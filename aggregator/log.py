@@ -23,8 +23,24 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-import structlog
-from structlog.typing import EventDict, Processor, WrappedLogger
+
+def _import_structlog_without_rich() -> None:
+    """Import structlog with `rich` hidden: `structlog.dev` imports rich (about 65 modules with pygments)
+    only to offer pretty tracebacks, which our key=value renderer never uses. The CLI's progress
+    bar still imports rich itself when it draws one (issue 24: no rich in `serve`)."""
+    if "structlog" in sys.modules or "rich" in sys.modules:
+        return
+    sys.modules["rich"] = None  # type: ignore[assignment]  # `import rich` now raises ImportError
+    try:
+        import structlog  # noqa: F401
+    finally:
+        del sys.modules["rich"]
+
+
+_import_structlog_without_rich()
+
+import structlog  # noqa: E402
+from structlog.typing import EventDict, Processor, WrappedLogger  # noqa: E402
 
 __all__ = [
     "REDACTED",

@@ -39,6 +39,8 @@ class Settings(BaseSettings):
     http_header_timeout: float = Field(default=10.0, gt=0)  # to receive a request's line and headers
     http_body_timeout: float = Field(default=30.0, gt=0)  # to receive a request's body once its headers came
     search_max_k: int = Field(default=1000, ge=1)  # search_index's largest k
+    browser: str | None = None  # a command that receives an OAuth sign-in URL (tests, scripted setups)
+    service_idle_seconds: float = Field(default=300.0, ge=0)  # after the last client leaves; 0: never stop
 
     @field_validator("log_level")
     @classmethod

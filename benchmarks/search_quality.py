@@ -1,6 +1,6 @@
 """Search quality of `catalog_search_tools` against plain BM25 on tool-retrieval datasets.
 
-    .venv/bin/python benchmarks/search_quality.py [DATASET.json ...] [--json] [--max-queries N]
+    .venv/bin/python benchmarks/search_quality.py [DATASET.json ...] [--json] [--max-queries N] [--dense]
 
 Default datasets: every `*.json` in `../shared/data/toolsearch/` (schema and gold
 rule in `../shared/data/README.md`). Every query is ranked by our index and by
@@ -18,6 +18,11 @@ the top k), hit@5 (at least one gold item in the top 5). *Strict*: a retrieved
 gold.servers`. *Lenient*: it also matches when it is one of the gold item's
 `alternatives` (equivalent tools, e.g. ETOM levels 2 and 4). The macro average
 is the unweighted mean over the datasets.
+
+`--dense` adds two references (`dense_reference.py`): a sentence-embedding
+retriever (all-MiniLM-L6-v2) and the reciprocal-rank fusion of ours with it
+(hybrid, k = 60). They need the optional `dense` extra; without it the run says
+so on stderr and goes on without those columns.
 
 `--max-queries N` ranks a fixed-seed sample of N queries per dataset, for quick
 tuning loops only; reported figures are on all queries.
@@ -47,6 +52,7 @@ Pair = tuple[str, str]
 METRICS = ("mrr", "recall@1", "recall@5", "recall@10", "hit@5")
 DEPTH = 100  # ranks looked at per query
 SAMPLE_SEED = 20261123
+REFERENCES = ("bm25", "dense", "hybrid")  # rankers besides ours, each optional in a result
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,8 +214,10 @@ def run_dataset(
     params: RankingParams = DEFAULT_PARAMS,
     with_bm25: bool = True,
     max_queries: int | None = None,
+    dense: bool = False,
 ) -> dict[str, Any]:
-    """Strict metrics under "ours"/"bm25", lenient ones under "lenient": {"ours", "bm25"}."""
+    """Strict metrics per ranker ("ours", "bm25", with `dense` also "dense" and "hybrid"), lenient
+    ones under "lenient"."""
     dataset = load_dataset(path)
     queries = sample(dataset.queries, max_queries)
     index = build_index(dataset.servers, params)
@@ -221,6 +229,14 @@ def run_dataset(
         bm25 = bm25_rankings(path, max_queries)
         result["bm25"] = evaluate(zip(queries, bm25, strict=True))
         result["lenient"]["bm25"] = evaluate(zip(queries, bm25, strict=True), lenient=True)
+    if dense:
+        from dense_reference import DenseRanker, fuse
+
+        neural = DenseRanker(dataset.servers).rank_all([q.text for q in queries], DEPTH)
+        hybrid = [fuse(a, b, DEPTH) for a, b in zip(ours, neural, strict=True)]
+        for name, rankings in (("dense", neural), ("hybrid", hybrid)):
+            result[name] = evaluate(zip(queries, rankings, strict=True))
+            result["lenient"][name] = evaluate(zip(queries, rankings, strict=True), lenient=True)
     return result
 
 
@@ -242,9 +258,10 @@ def macro(results: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"dataset": "macro", "queries": sum(r["queries"] for r in results)}
     out["ours"] = mean(lambda r: r["ours"])
     out["lenient"] = {"ours": mean(lambda r: r["lenient"]["ours"])}
-    if all("bm25" in r for r in results):
-        out["bm25"] = mean(lambda r: r["bm25"])
-        out["lenient"]["bm25"] = mean(lambda r: r["lenient"]["bm25"])
+    for ranker in REFERENCES:
+        if all(ranker in r for r in results):
+            out[ranker] = mean(lambda r, ranker=ranker: r[ranker])
+            out["lenient"][ranker] = mean(lambda r, ranker=ranker: r["lenient"][ranker])
     return out
 
 
@@ -255,7 +272,7 @@ def _table(results: list[dict[str, Any]]) -> str:
     for res in results:
         for rule in ("strict", "lenient"):
             scores = res if rule == "strict" else res["lenient"]
-            for ranker in ("ours", "bm25"):
+            for ranker in ("ours", *REFERENCES):
                 if ranker not in scores:
                     continue
                 values = " ".join(f"{scores[ranker][m]:>9.4f}" for m in METRICS)
@@ -274,14 +291,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per dataset, then the macro average")
     parser.add_argument("--max-queries", type=int, help="rank a fixed-seed sample of N queries per dataset (tuning)")
+    parser.add_argument("--dense", action="store_true", help="add the dense and hybrid references (the dense extra)")
     args = parser.parse_args(argv)
+    if args.dense:
+        from dense_reference import available
+
+        if (missing := available()) is not None:
+            print(missing, file=sys.stderr)
+            args.dense = False
     paths = [p.resolve() for p in args.datasets] or sorted(DATA_DIR.glob("*.json"))
     if not paths:
         print(f"no datasets in {DATA_DIR}", file=sys.stderr)
         return 2
     results = []
     for path in paths:
-        res = run_dataset(path, max_queries=args.max_queries)
+        res = run_dataset(path, max_queries=args.max_queries, dense=args.dense)
         results.append(res)
         if args.json:
             print(json.dumps(res), flush=True)

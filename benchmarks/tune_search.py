@@ -35,12 +35,12 @@ from typing import Any
 
 from search_quality import DATA_DIR, bm25_rankings, build_index, evaluate, load_dataset, rank_ours, sample, target_ratio
 
-import aggregator.catalog.search as search_module
+import aggregator.catalog.search.documents as documents_module
 from aggregator.catalog.search import DEFAULT_PARAMS, RankingParams
-from aggregator.catalog.tokens import tokenize
+from aggregator.catalog.search.tokens import tokenize
 
 # Every setting re-indexes the same texts: tokenise each text once per run.
-search_module.tokenize = lru_cache(maxsize=None)(tokenize)  # type: ignore[assignment]
+documents_module.tokenize = lru_cache(maxsize=None)(tokenize)  # type: ignore[assignment]
 
 GRID: dict[str, tuple[float, ...] | tuple[int, ...]] = {
     "name": (2.0, 3.0, 4.0),

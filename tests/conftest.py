@@ -8,13 +8,15 @@ inside a test body, not a fixture.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -183,6 +185,18 @@ async def aggregator_client(
         yield session
 
 
+def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> subprocess.CompletedProcess[str]:
+    """`aggregator ARGV` in this process (faster than a subprocess): its exit code, stdout and stderr."""
+    from aggregator.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exit:
+        code = exit.code if isinstance(exit.code, int) else 1
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(argv), code, out, err)
+
+
 def structured(result: Any) -> dict[str, Any]:
     """The JSON payload of a catalog tool result (structuredContent, checked against its text).
 
@@ -202,6 +216,19 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_user_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """No test writes into the real user's data, config or cache dirs (XDG, read by platformdirs).
+
+    Set for the whole session, before any test runs, so spawned aggregators inherit them too.
+    """
+    root = tmp_path_factory.mktemp("user-dirs")
+    with pytest.MonkeyPatch.context() as patch:
+        for variable, name in (("XDG_DATA_HOME", "data"), ("XDG_CONFIG_HOME", "config"), ("XDG_CACHE_HOME", "cache")):
+            patch.setenv(variable, str(root / name))
+        yield root
+
+
 @pytest.fixture(autouse=True)
 def private_data_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Each test's aggregators (in-process or spawned) get their own default data dir.
@@ -212,3 +239,62 @@ def private_data_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
     data_home = tmp_path_factory.mktemp("xdg-data")
     monkeypatch.setenv("XDG_DATA_HOME", str(data_home))
     return data_home / "aggregator"
+
+
+# ---------------------------------------------------------------- no process outlives the session
+# The pytest process becomes a child subreaper (Linux): a process whose parent exits is re-parented to
+# it rather than to init, so whatever a test leaves running (an upstream's grandchild, a server started
+# by a script) is still found here when the session ends, reported, killed, and fails the run.
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _children(pid: int) -> list[int]:
+    """Live (not zombie) processes whose parent is `pid`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when a process the tests started is still running (after a short grace period)."""
+    if sys.platform != "linux":
+        return
+    deadline = time.monotonic() + 5.0
+    left = _children(os.getpid())
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = _children(os.getpid())
+    if not left:
+        return
+    lines = [f"  pid {pid}: {_command_line(pid)[:200]}" for pid in left]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    message = "processes left running by the tests (now killed):\n" + "\n".join(lines)
+    if reporter is not None:
+        reporter.write_line(message, red=True)
+    else:
+        print(message, file=sys.stderr)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

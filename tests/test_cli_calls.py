@@ -40,10 +40,10 @@ def test_tools_of_one_server_lists_every_tool(config: Path) -> None:
     assert {"echo", "add", "fail"} <= set(rows) and "message" in rows["echo"]
 
 
-def test_unknown_server_exits_1_with_the_known_names(config: Path) -> None:
+def test_unknown_server_exits_2_with_the_known_names(config: Path) -> None:
     done = run_cli("tools", "nope", "--config", str(config))
-    assert done.returncode == 1 and done.stdout == ""
-    assert "unknown_server" in done.stderr and "kit, toolbox" in done.stderr
+    assert done.returncode == 2 and done.stdout == ""
+    assert "no upstream named 'nope'" in done.stderr and "kit, toolbox" in done.stderr
 
 
 def test_describe_shows_schema_and_a_call_line(config: Path) -> None:
@@ -53,7 +53,7 @@ def test_describe_shows_schema_and_a_call_line(config: Path) -> None:
     payload = json.loads(run_cli("describe", "kit", "add", "--config", str(config), "--json").stdout)
     assert payload["required"] == ["a", "b"] and payload["output_schema"]["required"] == ["sum"]
     missing = run_cli("describe", "kit", "nope", "--config", str(config))
-    assert missing.returncode == 1 and "unknown_tool" in missing.stderr
+    assert missing.returncode == 2 and "kit has no tool 'nope'" in missing.stderr
 
 
 def test_call_prints_content_and_reads_values_by_schema(config: Path) -> None:

@@ -41,18 +41,12 @@ LAZY_START = [
 ]
 """Scenarios whose first request needs the upstream's catalog: on a fresh aggregator they must start it."""
 
-EXPECTED_FAILURES: dict[str, str] = {
-    # Issue 19 item 2 (the isolation lane): `server-sse-polling` runs just before it and leaves its
-    # `test_reconnection` call in flight to `ref`: the reference server closes the SSE stream
-    # mid-call and, asked again with Last-Event-ID, replays nothing (its result never arrives, for
-    # any client: the suite only warns), so our call waits out its 60 s timeout, though the suite's
-    # client gave up after 10 s. With calls of two clients in flight to one upstream,
-    # `proxy/relay.py` refuses the upstream's elicitation ("cannot tell which client"), so the suite
-    # sees "Server did not request elicitation from client". Alone on a fresh aggregator it passes.
-    # Remove this entry when exact attribution lands: the check below fails once it passes.
-    "elicitation-sep1330-enums": "a stuck call of another client blocks relays (issue 19 item 2)",
-}
-"""Scenarios known to fail in a whole-suite run through the aggregator, with why (strict: each must fail)."""
+EXPECTED_FAILURES: dict[str, str] = {}
+"""Scenarios known to fail in a whole-suite run through the aggregator, with why (strict: each must fail).
+
+Empty since per-client upstream sessions (issue 19 item 2): `elicitation-sep1330-enums` failed while the
+`test_reconnection` call of `server-sse-polling` (the reference server never delivers its result after
+closing the stream) stayed in flight on the one shared session and blocked the relay."""
 
 
 @pytest.fixture(scope="module")

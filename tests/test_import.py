@@ -278,7 +278,9 @@ def test_import_never_writes_into_a_broken_config_and_reports_broken_clients(tmp
     assert done.returncode == 2 and "upstreams.git.comand" in done.stderr and done.stderr.count("\n") == 1
     assert config.read_text() == "upstreams:\n  git: {comand: uvx}\n" and not Path(f"{config}.bak").exists()
     config.write_text(ORIGINAL)
-    done = run_import(places, "cursor", "codex", str(places.home / ".codeium/windsurf/mcp_config.json"), "nope")
+    done = run_import(places, "cursor", "codex", str(places.home / ".codeium/windsurf/mcp_config.json"))
     assert done.returncode == 0, done.stderr
     assert "problem: " in done.stdout and "mcp.json: not read (invalid JSON" in done.stdout
-    assert "nope: neither a client" in done.stdout and "wind" in done.stdout and "docs" in done.stdout
+    assert "wind" in done.stdout and "docs" in done.stdout
+    typo = run_import(places, "cursor", "nope")  # a word that is neither a client nor a file: a usage mistake
+    assert typo.returncode == 2 and "'nope' is neither a client nor a file" in typo.stderr

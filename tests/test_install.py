@@ -82,7 +82,7 @@ def test_install_then_uninstall_is_byte_identical(tmp_path: Path, client: str) -
 
 def test_installed_entry_starts_the_aggregator_with_the_clients_servers(tmp_path: Path) -> None:
     home = Home(tmp_path, "cursor", CLIENT_FILES["cursor"][1])
-    assert home.run("install", "cursor").returncode == 0
+    assert home.run("install", "cursor", "--serve").returncode == 0  # connect entries: tests/test_service.py
     servers = json.loads(home.file.read_text())["mcpServers"]
     assert set(servers) == {"aggregator", "off"}  # the disabled one stays in the client (not imported)
     entry = servers["aggregator"]

@@ -29,7 +29,7 @@ from aggregator.proxy.passthrough import Passthrough
 from aggregator.proxy.relay import Clients
 from aggregator.sdk import raw_request
 from aggregator.upstream.pool import UpstreamPool
-from aggregator.upstream.session import RELAYABLE_CAPABILITIES
+from aggregator.upstream.session import RELAYABLE_CAPABILITIES, Via
 from tests.conftest import aggregator_client, aggregator_env, kit_upstream, structured, write_config
 from tests.test_serve_http import http_aggregator
 
@@ -141,14 +141,14 @@ async def test_requests_no_client_can_answer_get_config_roots_or_a_clear_error()
     async with UpstreamPool.running(config) as pool:
         relay = Passthrough(pool, Clients(), InMemorySubscriptionBus()).relay
         assert pool.downstream is relay
-        roots = await relay.relay_request("kit", "roots/list", None, [])
+        roots = await relay.relay_request("kit", "roots/list", None, Via())
         assert roots == {
             "roots": [{"uri": "file:///srv/app", "name": "app"}, {"uri": "https://example.com/r", "name": "r"}]
         }
-        assert await relay.relay_request("bare", "ping", None, []) == {}
+        assert await relay.relay_request("bare", "ping", None, Via()) == {}
         for method in ("roots/list", "sampling/createMessage"):
             with pytest.raises(MCPError, match="cannot tell which client") as refused:
-                await relay.relay_request("bare", method, {}, [])
+                await relay.relay_request("bare", method, {}, Via())
             assert refused.value.code == types.INVALID_REQUEST
         # before any client is known, an upstream is declared everything the aggregator can relay
         declared = relay.client_capabilities()

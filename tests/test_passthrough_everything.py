@@ -288,7 +288,7 @@ async def test_two_http_clients_each_answer_their_own_sampling(tmp_path: Path) -
 
 
 HTTP_UPSTREAM_SCRIPT = """
-import json, os, socket, subprocess, sys, time
+import json, os, signal, socket, subprocess, sys, time
 import anyio
 import mcp.types as types
 import pytest
@@ -296,8 +296,10 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 node_dir, config = sys.argv[1], sys.argv[2]
+# its own process group: npx leaves node running when only npx itself is ended
 server = subprocess.Popen(["npx", "--no", "mcp-server-everything", "streamableHttp"], cwd=node_dir,
-                          env={**os.environ, "PORT": "3917"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          env={**os.environ, "PORT": "3917"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          start_new_session=True)
 for _ in range(600):
     try:
         socket.create_connection(("127.0.0.1", 3917), timeout=0.2).close()
@@ -313,7 +315,9 @@ async def roots(ctx):
     return types.ListRootsResult(roots=[types.Root(uri="file:///over/http")])
 
 async def main():
-    params = StdioServerParameters(command=sys.executable, args=["-m", "aggregator", "serve", "--config", config])
+    params = StdioServerParameters(  # the whole environment: the test session's private user dirs
+        command=sys.executable, args=["-m", "aggregator", "serve", "--config", config], env=dict(os.environ)
+    )
     async with stdio_client(params) as (r, w), ClientSession(
         r, w, sampling_callback=sampling, list_roots_callback=roots
     ) as session:
@@ -325,7 +329,8 @@ async def main():
 try:
     anyio.run(main)
 finally:
-    server.terminate()
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(10)
 """
 
 

@@ -47,7 +47,7 @@ def test_prompt_table_is_deterministic_and_unique(spec: dict[str, list[str]]) ->
     assert len({(e.server, e.prompt.name) for e in first.values()}) == len(first)
 
 
-def test_resource_rule_seen_then_listed_then_template_first_in_config_order() -> None:
+def test_resource_rule_listed_then_template_then_seen_first_in_config_order() -> None:
     router = ResourceRouter(["zeta", "alpha"])  # configuration order, not alphabetical
     router.rebuild(
         {
@@ -61,9 +61,15 @@ def test_resource_rule_seen_then_listed_then_template_first_in_config_order() ->
     assert router.resolve("t://42") == "zeta"
     assert router.resolve("z://1/2") == "zeta"
     assert router.resolve("nope://1") is None
-    # a link an upstream returned is readable from that upstream, whatever the listings say
+    # a link an upstream returned is readable from that upstream, among those that list or template it ...
     router.remember("alpha", {"content": [{"type": "resource_link", "uri": "x://shared", "name": "s"}]})
     assert router.resolve("x://shared") == "alpha"
+    router.remember("alpha", {"content": [{"type": "resource_link", "uri": "t://7", "name": "s"}]})
+    assert router.resolve("t://7") == "alpha"
+    # ... and never takes a URI away from the upstreams that list or template it (issue 20.8)
+    evil = {"content": [{"type": "resource_link", "uri": u, "name": "e"} for u in ("x://alpha", "z://1/2", "e://1")]}
+    router.remember("evil", evil)
+    assert [router.resolve(u) for u in ("x://alpha", "z://1/2", "e://1")] == ["alpha", "zeta", "evil"]
     assert router.template_owner("z://{a}/{b}") == "zeta"
 
 

@@ -6,6 +6,8 @@ internal's name in the message, instead of a proxy feature failing somewhere far
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import anyio
@@ -16,6 +18,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.shared.memory import create_client_server_memory_streams
 
 from aggregator import sdk
+from aggregator.sdk import oauth
 
 
 async def _run(server: Server[Any], body: Any, **client_kwargs: Any) -> None:
@@ -106,3 +109,135 @@ def test_http_timeouts_match_the_sdk_defaults() -> None:
     utils = pytest.importorskip("mcp.shared._httpx_utils")
     assert sdk.HTTP_TIMEOUT_SECONDS == utils.MCP_DEFAULT_TIMEOUT
     assert sdk.SSE_READ_TIMEOUT_SECONDS == utils.MCP_DEFAULT_SSE_READ_TIMEOUT
+
+
+# ---------------------------------------------------------------- the OAuth providers' private steps
+
+
+class _Storage:
+    """The SDK's TokenStorage protocol in memory."""
+
+    def __init__(self, tokens: Any = None, client: Any = None) -> None:
+        self.tokens, self.client = tokens, client
+
+    async def get_tokens(self) -> Any:
+        return self.tokens
+
+    async def set_tokens(self, tokens: Any) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> Any:
+        return self.client
+
+    async def set_client_info(self, client: Any) -> None:
+        self.client = client
+
+
+def _provider(storage: _Storage, redirect: Any = None) -> oauth.OAuthProvider:
+    from mcp.shared.auth import OAuthClientMetadata
+    from pydantic import AnyUrl
+
+    async def callback() -> Any:
+        raise AssertionError("no callback expected")
+
+    return oauth.OAuthProvider(
+        server_url="http://rs.test/mcp",
+        client_metadata=OAuthClientMetadata(redirect_uris=[AnyUrl("http://127.0.0.1:1/callback")]),
+        storage=storage,  # type: ignore[arg-type]
+        redirect_handler=redirect,
+        callback_handler=callback,
+    )
+
+
+def _signed_in(expires_in: int) -> _Storage:
+    from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+
+    return _Storage(
+        OAuthToken(access_token="old", refresh_token="r1", expires_in=expires_in),
+        OAuthClientInformationFull(client_id="c", redirect_uris=None),
+    )
+
+
+def _server(seen: list[str]) -> Any:
+    import httpx2
+
+    def handle(request: httpx2.Request) -> httpx2.Response:
+        seen.append(f"{request.method} {request.url.path} {request.headers.get('authorization', '-')}")
+        if request.url.path == "/token":
+            return httpx2.Response(200, json={"access_token": "new", "token_type": "Bearer", "expires_in": 3600})
+        if request.headers.get("authorization") == "Bearer new":
+            return httpx2.Response(200, json={})
+        return httpx2.Response(401)
+
+    return httpx2.AsyncClient(transport=httpx2.MockTransport(handle))
+
+
+async def test_oauth_provider_keeps_a_stored_expiry_and_refreshes_before_using_an_expired_token() -> None:
+    seen: list[str] = []
+    storage = _signed_in(expires_in=-5)  # as TokenStore hands back a token past its expires_at
+    async with _server(seen) as client:
+        response = await client.get("http://rs.test/mcp", auth=_provider(storage))
+    assert response.status_code == 200
+    assert seen == ["POST /token -", "GET /mcp Bearer new"], "OAuthClientProvider._initialize changed"
+    assert storage.tokens.access_token == "new"
+
+
+async def test_oauth_provider_refreshes_a_token_the_server_refuses_before_asking_for_sign_in() -> None:
+    seen: list[str] = []
+    storage = _signed_in(expires_in=3600)
+    async with _server(seen) as client:
+        response = await client.get("http://rs.test/mcp", auth=_provider(storage))
+    assert response.status_code == 200
+    assert seen == ["GET /mcp Bearer old", "POST /token -", "GET /mcp Bearer new"], (
+        "OAuthClientProvider._auth_flow changed"
+    )
+
+
+async def test_oauth_provider_adds_the_configured_scopes_to_the_challenged_ones() -> None:
+    from urllib.parse import parse_qs, urlsplit
+
+    import httpx2
+
+    urls: list[str] = []
+
+    async def redirect(url: str) -> None:
+        urls.append(url)
+        raise RuntimeError("stop here")
+
+    def handle(request: httpx2.Request) -> httpx2.Response:
+        if request.url.path == "/mcp":
+            return httpx2.Response(401, headers={"WWW-Authenticate": 'Bearer scope="read"'})
+        if request.url.path == "/register":
+            return httpx2.Response(201, json={"client_id": "c", "redirect_uris": ["http://127.0.0.1:1/callback"]})
+        return httpx2.Response(404)
+
+    provider = _provider(_Storage(), redirect)
+    provider.extra_scope = "write"
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(handle)) as client:
+        with pytest.raises(RuntimeError, match="stop here"):
+            await client.get("http://rs.test/mcp", auth=provider)
+    [url] = urls
+    assert parse_qs(urlsplit(url).query)["scope"] == ["read write"], (
+        "OAuthClientProvider._perform_authorization changed"
+    )
+
+
+def test_defer_wire_model_builds_builds_each_model_on_first_use() -> None:
+    """In a fresh interpreter: deferred before `mcp` is imported, an era's models are classes without
+    validators until used, then validate exactly as before; once imported, deferring is refused."""
+    script = """
+import sys
+from aggregator import sdk
+assert sdk.defer_wire_model_builds() is True
+import mcp
+import mcp_types._v2025_11_25 as legacy, mcp_types._v2026_07_28 as modern
+assert not legacy.Tool.__pydantic_complete__, "mcp_types._wire_base.WireModel ignored defer_build"
+assert not modern.Tool.__pydantic_complete__
+tool = legacy.Tool.model_validate({"name": "t", "inputSchema": {"type": "object"}})
+assert tool.name == "t" and legacy.Tool.__pydantic_complete__
+assert not modern.Tool.__pydantic_complete__
+assert sdk.defer_wire_model_builds() is False
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "ok", done.stderr

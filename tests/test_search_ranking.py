@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from aggregator.catalog.model import Catalog, ToolEntry, clean_tool, sorted_unique
 from aggregator.catalog.search import ToolSearchIndex, annotation_tokens
+from aggregator.catalog.search.tokens import is_cjk, stem, tokenize
 from aggregator.catalog.store import CatalogStore
-from aggregator.catalog.tokens import is_cjk, stem, tokenize
 from tests.conftest import CATALOG_FILES, SHARED_DATA, real_catalog
 from tests.test_search_rules import build, ranked, synthetic
 

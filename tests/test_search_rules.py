@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from aggregator.catalog.lexicon import lexicon, query_terms
 from aggregator.catalog.model import Catalog, clean_tool, sorted_unique
 from aggregator.catalog.search import DEFAULT_PARAMS, ToolSearchIndex, annotation_tokens
+from aggregator.catalog.search.query import lexicon, query_terms
+from aggregator.catalog.search.tokens import identifiers, is_cjk, stem, tokenize
 from aggregator.catalog.store import CatalogStore
-from aggregator.catalog.tokens import identifiers, is_cjk, stem, tokenize
 
 
 def synthetic(server: str, *tools: Mapping[str, Any], hidden: Iterable[str] = ()) -> Catalog:

@@ -1,5 +1,46 @@
-"""The command line: `main` parses and dispatches; one module per group of subcommands."""
+"""The command line: `main` parses and dispatches; one module per group of subcommands.
 
-from aggregator.cli.main import main
+`aggregator connect` is dispatched here, before the CLI (and with it the SDK) is imported:
+a client pays for the standard library only (`aggregator.connect`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
 
 __all__ = ["main"]
+
+_VALUED = ("--config", "--log-level", "--log-file")  # options of every command that take a value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    at = _command_index(words)
+    if at is not None and words[at] == "connect":
+        from aggregator.connect import main as connect_main
+
+        return connect_main(words[:at] + words[at + 1 :])
+    from aggregator.startup import settled_imports
+
+    with settled_imports():  # no garbage collection over what the CLI imports (issue 24, start-up)
+        if at is not None:  # a command will run (not `--version` or help, which import no SDK at all)
+            from aggregator import sdk
+
+            sdk.defer_wire_model_builds()  # before anything imports the SDK
+        from aggregator.cli.commands import main as cli_main
+
+    return cli_main(argv)
+
+
+def _command_index(words: list[str]) -> int | None:
+    """Where the subcommand is: the first word that is neither an option nor an option's value."""
+    skip = False
+    for index, word in enumerate(words):
+        if skip:
+            skip = False
+        elif word in _VALUED:
+            skip = True
+        elif not word.startswith("-"):
+            return index
+    return None

@@ -2,7 +2,8 @@
 
 Each runs the same handler as the MCP tool of the same job (`CatalogTools`: catalog_list_servers,
 catalog_list_tools, catalog_describe_tool, catalog_call_tool), so a shell user sees what a model
-sees. Exit codes: 0 done, 1 the result is an error (``isError``), 2 a usage error.
+sees. Exit codes: 0 done, 1 the upstream or the tool failed (``isError``), 2 a usage error (an unknown
+server or tool, bad arguments). A fault is one line on stderr naming the command that helps next.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ import mcp.types as types
 
 from aggregator.catalog.search import ToolSearchIndex
 from aggregator.config import AggregatorConfig
+from aggregator.faults import PROGRAMMER_REASONS, Fault
 from aggregator.settings import Settings, resolve_data_dir
+from aggregator.suggest import did_you_mean
 from aggregator.table import render_table
-from aggregator.tools.base import ToolContext, ToolResult
+from aggregator.tools.base import ToolContext, ToolResult, fault_result
 from aggregator.tools.catalog import LIST_LIMIT_MAX, CatalogTools
+from aggregator.upstream.auth import cli_authenticator
 from aggregator.upstream.pool import UpstreamPool
 
 __all__ = ["parse_call_arguments", "register"]
@@ -31,14 +35,24 @@ EXIT_USAGE = 2
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     """Add the three subcommands to the CLI's subparsers."""
-    tools = sub.add_parser("tools", parents=[common], help="list upstreams, or one upstream's tools (starts it)")
+    tools = sub.add_parser(
+        "tools",
+        parents=[common],
+        help="list upstreams, or one upstream's tools (starts it)",
+        description="Without SERVER: every upstream (starts nothing). With it: that upstream's tools.",
+    )
     tools.add_argument("server", nargs="?", help="an upstream name; without it, every upstream is listed")
     tools.add_argument("--json", action="store_true", help="print the tool's JSON result")
     tools.set_defaults(handler=_tools)
 
-    describe = sub.add_parser("describe", parents=[common], help="show one upstream tool's full definition")
-    describe.add_argument("server")
-    describe.add_argument("tool")
+    describe = sub.add_parser(
+        "describe",
+        parents=[common],
+        help="show one upstream tool's full definition",
+        description="Show one tool's description, input and output schemas, annotations and a call line.",
+    )
+    describe.add_argument("server", help="the upstream's name (see: aggregator tools)")
+    describe.add_argument("tool", help="the tool's name (see: aggregator tools SERVER)")
     describe.add_argument("--json", action="store_true", help="print the tool's JSON result")
     describe.set_defaults(handler=_describe)
 
@@ -49,8 +63,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         description="Arguments come from --args (a JSON object) and/or key=value words; a value is read "
         "as JSON unless the tool's schema says the argument is a string (then it is kept as written).",
     )
-    call.add_argument("server")
-    call.add_argument("tool")
+    call.add_argument("server", help="the upstream's name (see: aggregator tools)")
+    call.add_argument("tool", help="the tool's name (see: aggregator tools SERVER)")
     call.add_argument("pairs", nargs="*", metavar="key=value", help="one argument each")
     call.add_argument("--args", dest="arguments_json", metavar="JSON", help="the arguments as a JSON object")
     call.add_argument("--json", action="store_true", help="print the whole result as JSON")
@@ -69,24 +83,25 @@ def _family(pool: UpstreamPool, config: AggregatorConfig) -> CatalogTools:
 
 
 async def _tools(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    async with UpstreamPool.running(config, resolve_data_dir(None, settings)) as pool:
+    data_dir = resolve_data_dir(None, settings)
+    async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         family = _family(pool, config)
         if args.server is None:
             result = _model(await family.list_servers({}, ToolContext()))
             return _print_payload(result, args.json, _servers_table)
-        return await _all_tools(family, args.server, args.json)
+        return await _all_tools(family, args.server, args.json, _Hints(pool, args.server))
 
 
-async def _all_tools(family: CatalogTools, server: str, as_json: bool) -> int:
+async def _all_tools(family: CatalogTools, server: str, as_json: bool, hints: _Hints) -> int:
     """Every page of catalog_list_tools, printed as one list."""
     items: list[Any] = []
     offset: int | None = 0
     while offset is not None:
         page = {"server": server, "limit": LIST_LIMIT_MAX, "offset": offset}
-        result = _model(await family.list_tools(page, ToolContext()))
+        result = await _ask(family.list_tools, page)
         payload = _structured(result)
         if result.is_error:
-            return _print_payload(result, as_json, _tools_table)
+            return _print_payload(result, as_json, _tools_table, hints)
         items += payload["items"]
         offset = payload["next_offset"]
     merged = types.CallToolResult(content=[], structured_content={"items": items, "total": len(items)})
@@ -112,10 +127,11 @@ def _tools_table(payload: Mapping[str, Any]) -> str:
 
 
 async def _describe(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    async with UpstreamPool.running(config, resolve_data_dir(None, settings)) as pool:
+    data_dir = resolve_data_dir(None, settings)
+    async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         family = _family(pool, config)
-        result = _model(await family.describe_tool({"server": args.server, "tool": args.tool}, ToolContext()))
-    return _print_payload(result, args.json, _description_text)
+        result = await _ask(family.describe_tool, {"server": args.server, "tool": args.tool})
+        return _print_payload(result, args.json, _description_text, _Hints(pool, args.server, args.tool))
 
 
 def _description_text(payload: Mapping[str, Any]) -> str:
@@ -136,13 +152,15 @@ def _description_text(payload: Mapping[str, Any]) -> str:
 
 
 async def _call(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    async with UpstreamPool.running(config, resolve_data_dir(None, settings)) as pool:
+    data_dir = resolve_data_dir(None, settings)
+    async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         family = _family(pool, config)
+        hints = _Hints(pool, args.server, args.tool)
         schema: Mapping[str, Any] = {}
         if args.pairs:  # the schema says which values stay strings; the describe path proves the tool exists
-            described = _model(await family.describe_tool({"server": args.server, "tool": args.tool}, ToolContext()))
+            described = await _ask(family.describe_tool, {"server": args.server, "tool": args.tool})
             if described.is_error:
-                return _print_payload(described, args.json, _description_text)
+                return _print_payload(described, args.json, _description_text, hints)
             schema = _structured(described)["input_schema"]
         try:
             arguments = parse_call_arguments(args.arguments_json, args.pairs, schema)
@@ -151,14 +169,17 @@ async def _call(args: argparse.Namespace, config: AggregatorConfig, settings: Se
             return EXIT_USAGE
         request = {"server": args.server, "tool": args.tool, "arguments": arguments}
         raw = _wire(await family.call_tool(request, ToolContext()))
-    is_error = bool(raw.get("isError"))
-    if args.json:
-        print(json.dumps(raw, indent=2, ensure_ascii=False))
-    else:
-        text = _content_text(raw)
-        if text:
-            print(text, file=sys.stderr if is_error else sys.stdout)
-    return EXIT_ERROR_RESULT if is_error else 0
+        is_error = bool(raw.get("isError"))
+        fault = _fault_of(raw)
+        if args.json:
+            print(json.dumps(raw, indent=2, ensure_ascii=False))
+        elif fault is not None:
+            print(hints.line(fault), file=sys.stderr)
+        else:
+            text = _content_text(raw)
+            if text:
+                print(text, file=sys.stderr if is_error else sys.stdout)
+    return _exit_code(fault) if is_error else 0
 
 
 def parse_call_arguments(arguments_json: str | None, pairs: list[str], schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -236,14 +257,66 @@ def _structured(result: types.CallToolResult) -> dict[str, Any]:
     return dict(result.structured_content or {})
 
 
-def _print_payload(result: types.CallToolResult, as_json: bool, render: Any) -> int:
+def _print_payload(result: types.CallToolResult, as_json: bool, render: Any, hints: _Hints | None = None) -> int:
     """A catalog tool's result: its JSON, a rendering of it, or (on error) its one-line message."""
     payload = _structured(result)
+    fault = _fault_of(payload)
     if as_json:
         print(json.dumps(payload, indent=2, ensure_ascii=False))
-    elif result.is_error:
-        error = payload.get("error", {})
-        print(f"aggregator: {error.get('reason', 'error')}: {error.get('message', '')}", file=sys.stderr)
+    elif fault is not None:
+        print(hints.line(fault) if hints else f"aggregator: {fault['reason']}: {fault['message']}", file=sys.stderr)
     else:
         print(render(payload))
-    return EXIT_ERROR_RESULT if result.is_error else 0
+    return _exit_code(fault) if result.is_error else 0
+
+
+async def _ask(handler: Any, arguments: Mapping[str, Any]) -> types.CallToolResult:
+    """A catalog handler's result, its Fault (unknown server or tool, upstream down) as a fault result."""
+    try:
+        return _model(await handler(arguments, ToolContext()))
+    except Fault as fault:
+        return fault_result(fault)
+
+
+def _fault_of(payload: Mapping[str, Any]) -> dict[str, str] | None:
+    """The aggregator's own fault in a result (`structuredContent.error` with a reason), if it is one."""
+    structured = payload.get("structuredContent", payload)
+    error = structured.get("error") if isinstance(structured, Mapping) else None
+    if isinstance(error, Mapping) and isinstance(error.get("reason"), str):
+        return {"reason": str(error["reason"]), "message": str(error.get("message", ""))}
+    return None
+
+
+def _exit_code(fault: Mapping[str, str] | None) -> int:
+    """2 for a mistake in the command (unknown server or tool, bad arguments), else 1."""
+    return EXIT_USAGE if fault is not None and fault["reason"] in PROGRAMMER_REASONS else EXIT_ERROR_RESULT
+
+
+class _Hints:
+    """A fault as one line for a person at a shell: the CLI command that helps, and "did you mean"."""
+
+    def __init__(self, pool: UpstreamPool, server: str, tool: str | None = None) -> None:
+        self.pool = pool
+        self.server = server
+        self.tool = tool
+
+    def line(self, fault: Mapping[str, str]) -> str:
+        reason, message = fault["reason"], fault["message"]
+        names = self.pool.upstream_names()
+        if reason == "unknown_server":
+            known = ", ".join(names) or "none configured"
+            return (
+                f"aggregator: no upstream named {self.server!r}{did_you_mean(self.server, names)}; "
+                f"known: {known}; `aggregator add` adds one"
+            )
+        name = self.pool.resolve(self.server) or self.server
+        if reason == "unknown_tool" and self.tool is not None:
+            catalog = self.pool.store.get(name)
+            tools = [t.name for t in catalog.exposed_tools] if catalog is not None else []
+            return (
+                f"aggregator: {name} has no tool {self.tool!r}{did_you_mean(self.tool, tools, parts=True)}; "
+                f"`aggregator tools {name}` lists its tools"
+            )
+        if reason == "upstream_unavailable":
+            return f"aggregator: {message}; `aggregator doctor` checks its entry"
+        return f"aggregator: {reason}: {message}"

@@ -9,13 +9,14 @@ backup beside it. The config written is the one the aggregator would load (``--c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aggregator.cli.progress import progress_line
 from aggregator.config import ConfigError, find_config_path, parse_config, user_config_file
@@ -32,23 +33,29 @@ from aggregator.config.clients import (
 from aggregator.config.files import read_text
 from aggregator.config.importing import ImportPlan, everything_set, plan_import
 from aggregator.config.installing import (
+    Backup,
     aggregator_entry,
     backup_path,
     content_hash,
     find_backup,
-    restore_text,
+    installed_path,
+    merge_back,
     rewrite,
     servers_in,
 )
 from aggregator.config.load import written_servers
 from aggregator.config.models import RESERVED_NAME
-from aggregator.config.roundtrip import backup, merge_servers_yaml, write_atomic
+from aggregator.config.roundtrip import FileChanged, backup, current_text, merge_servers_yaml, write_atomic
+from aggregator.files import write_atomically
 from aggregator.settings import Settings
+from aggregator.suggest import did_you_mean
 from aggregator.table import render_table
 
 __all__ = ["register"]
 
 EXIT_USAGE = 2
+_T = TypeVar("_T")
+ATTEMPTS = 3  # a file another program keeps rewriting: re-read and re-plan this many times, then refuse
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -58,7 +65,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="show (or --write) the servers of installed MCP clients as aggregator upstreams",
         description=f"Clients: {', '.join(CLIENTS)}; or give config files. Without any, every client found.",
     )
-    imp.add_argument("sources", nargs="*", metavar="CLIENT|FILE")
+    imp.add_argument("sources", nargs="*", metavar="CLIENT|FILE", help="a client name or a config file (default: all)")
     imp.add_argument("--write", action="store_true", help="merge them into the config file (a backup is kept)")
     imp.add_argument("--json", action="store_true", help="print the plan as JSON")
     imp.set_defaults(standalone=_import)
@@ -67,13 +74,21 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "install",
         parents=[common],
         help="put a client's servers behind one aggregator entry (imports them first; backs the file up)",
+        description="Import the client's servers into the aggregator's config, then leave one aggregator entry "
+        "in the client's config (the original is kept beside it; undo with: aggregator uninstall CLIENT).",
     )
-    install.add_argument("client", choices=CLIENTS)
+    install.add_argument("client", choices=CLIENTS, help=f"one of {', '.join(CLIENTS)}")
     install.add_argument("--dry-run", action="store_true", help="show what would change; write nothing")
+    install.add_argument("--serve", action="store_true", help="a private `serve` for this client, not `connect`")
     install.set_defaults(standalone=_install)
 
-    uninstall = sub.add_parser("uninstall", parents=[common], help="restore a client's config from install's backup")
-    uninstall.add_argument("client", choices=CLIENTS)
+    uninstall = sub.add_parser(
+        "uninstall",
+        parents=[common],
+        help="restore a client's config from install's backup",
+        description="Give the client its servers back from install's backup; changes made since are kept.",
+    )
+    uninstall.add_argument("client", choices=CLIENTS, help=f"one of {', '.join(CLIENTS)}")
     uninstall.set_defaults(standalone=_uninstall)
 
 
@@ -128,6 +143,17 @@ def resolve_sources(words: list[str], places: Places) -> tuple[list[ClientFile],
     return files, problems
 
 
+def unknown_sources(words: list[str], places: Places) -> str | None:
+    """One line naming the first word that is neither a client nor a file (a typo: exit 2), or None."""
+    for word in words:
+        path = Path(word).expanduser()
+        if word not in CLIENTS and not (path if path.is_absolute() else places.cwd / path).is_file():
+            return (
+                f"{word!r} is neither a client nor a file{did_you_mean(word, CLIENTS)}; clients: {', '.join(CLIENTS)}"
+            )
+    return None
+
+
 def read_sources(files: list[ClientFile]) -> tuple[list[ClientServers], list[str]]:
     read: list[ClientServers] = []
     problems: list[str] = []
@@ -146,24 +172,19 @@ def read_sources(files: list[ClientFile]) -> tuple[list[ClientServers], list[str
 
 async def _import(args: argparse.Namespace, settings: Settings) -> int:
     places = Places.here()
-    try:
-        target = target_config(getattr(args, "config", None), places)
-        section, existing, text = existing_servers(target)
-    except ConfigError as exc:
-        print(f"aggregator: config error: {exc}", file=sys.stderr)
+    unknown = unknown_sources(args.sources, places)
+    if unknown:
+        print(f"aggregator import: {unknown}", file=sys.stderr)
         return EXIT_USAGE
     files, problems = resolve_sources(args.sources, places)
     sources, unreadable = read_sources(files)
     problems += unreadable
-    plan = plan_import(existing, sources, target=str(target), section=section)
-    written: Path | None = None
-    saved: Path | None = None
-    if args.write and plan.additions():
-        try:
-            written, saved = write_plan(plan, target, text)
-        except ConfigError as exc:
-            print(f"aggregator: config error: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+    explicit = getattr(args, "config", None)
+    try:
+        target, section, plan, written, saved = _retried(lambda: import_once(explicit, places, sources, args.write))
+    except ConfigError as exc:
+        print(f"aggregator: config error: {exc}", file=sys.stderr)
+        return 1 if isinstance(exc, FileChanged) else EXIT_USAGE
     if args.json:
         payload = {
             "config": str(target),
@@ -180,14 +201,42 @@ async def _import(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+Imported = tuple[Path, str, ImportPlan, Path | None, Path | None]
+
+
+def import_once(explicit: Path | None, places: Places, sources: list[ClientServers], write: bool) -> Imported:
+    """(config, section, plan, written, backup) of importing `sources`; `FileChanged` if raced."""
+    target = target_config(explicit, places)
+    section, existing, text = existing_servers(target)
+    plan = plan_import(existing, sources, target=str(target), section=section)
+    written, saved = write_plan(plan, target, text) if write and plan.additions() else (None, None)
+    return target, section, plan, written, saved
+
+
+def _retried(edit: Callable[[], _T]) -> _T:
+    """`edit()`, run again from a fresh read while another program changes a file meanwhile."""
+    for _attempt in range(ATTEMPTS - 1):
+        try:
+            return edit()
+        except FileChanged:
+            continue
+    return edit()
+
+
 def write_plan(plan: ImportPlan, target: Path, text: str) -> tuple[Path, Path | None]:
     """Merge the plan's additions into `target` (checked before it replaces the file)."""
     if target.suffix.lower() == ".json":
         raise ConfigError(str(target), None, "import --write edits YAML configs only", "convert it to YAML first")
     new_text = merge_servers_yaml(text, str(target), plan.section, plan.additions())
     parse_config(new_text, str(target), environ=everything_set())  # never write a config we could not load
-    saved = backup(target) if target.exists() else None
-    write_atomic(target, new_text)
+    expected = None if text == "" and not target.exists() else text
+    saved = backup(target) if expected is not None else None
+    try:
+        write_atomic(target, new_text, expected=expected)
+    except BaseException:
+        if saved is not None:
+            saved.unlink(missing_ok=True)
+        raise
     return target, saved
 
 
@@ -230,82 +279,150 @@ def user_file(client: str, places: Places) -> ClientFile:
 async def _install(args: argparse.Namespace, settings: Settings) -> int:
     places = Places.here()
     file = user_file(args.client, places)
+    return _retrying(
+        file, lambda: install_client(file, getattr(args, "config", None), places, args.dry_run, shared=not args.serve)
+    )
+
+
+async def _uninstall(args: argparse.Namespace, settings: Settings) -> int:
+    file = user_file(args.client, Places.here())
+    return _retrying(file, lambda: uninstall_client(file))
+
+
+class NotInstalled(Exception):
+    """Uninstall without install's backup."""
+
+
+def _retrying(file: ClientFile, edit: Callable[[], str]) -> int:
+    """Print what `edit` did (retried while raced); its refusal as one line and an exit code."""
     try:
-        target = target_config(getattr(args, "config", None), places)
-        section, existing, config_text = existing_servers(target)
-        original = read_text(file.path) if file.path.exists() else None
-        source = read_client_file(file) if original is not None else ClientServers(file, {})
+        print(_retried(edit))
+        return 0
+    except NotInstalled as exc:
+        print(f"aggregator: {exc}", file=sys.stderr)
+        return 1
+    except FileChanged as exc:
+        print(f"aggregator: {file.client}: is {file.client} running? {exc}", file=sys.stderr)
+        return 1
     except ConfigError as exc:
         print(f"aggregator: not changing anything: {exc}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def install_client(
+    file: ClientFile, explicit: Path | None, places: Places, dry_run: bool, *, shared: bool = True
+) -> str:
+    """Put `file`'s servers behind the aggregator; the line to print. `FileChanged` if raced.
+
+    `shared`: the entry runs `aggregator connect` (the per-user service), else a private `serve`.
+    """
+    target = target_config(explicit, places)
+    section, existing, config_text = existing_servers(target)
+    original = current_text(file.path)
+    source = read_client_file(file) if original is not None else ClientServers(file, {})
+    if current_text(file.path) != original:
+        raise FileChanged(file.path)
     plan = plan_import(existing, [source], target=str(target), section=section)
     keep = {
         item.original: source.servers[item.original]
         for item in plan.items
         if item.action == "skip" and item.note != "already the aggregator"
     }
-    entry = aggregator_entry(file, target)
+    entry = aggregator_entry(file, target, shared=shared)
     if original is not None and servers_in(parse_document(original, file), file) == {RESERVED_NAME: entry, **keep}:
-        print(f"{file.client}: already installed in {file.path}; nothing to change")
-        return 0
+        return f"{file.client}: already installed in {file.path}; nothing to change"
     new_text = rewrite(original or "", file, keep, entry)
-    if args.dry_run:
-        print(render_plan(plan, [file], [], False, None, hint="install would add them to"))
-        print(f"\nwould write {file.path}:\n{new_text}")
-        return 0
+    if dry_run:
+        shown = render_plan(plan, [file], [], False, None, hint="install would add them to")
+        return f"{shown}\n\nwould write {file.path}:\n{new_text}"
     if plan.additions():
         write_plan(plan, target, config_text)
     elif not target.exists():
-        write_atomic(target, "upstreams: {}\n")
-    saved = _keep_original(file.path, content_hash(new_text))
-    write_atomic(file.path, new_text)
+        write_atomic(target, "upstreams: {}\n", expected=None)
+    saved = _write_client(file, original, new_text)
     moved = len(plan.items) - len(keep)
-    print(
+    return (
         f"{file.client}: {file.path} now starts the aggregator with {target}; {moved} servers moved behind it"
         + (f", {len(keep)} kept in the client ({', '.join(keep)}: see import)" if keep else "")
         + f". Original kept as {saved}; undo with: aggregator uninstall {file.client}"
     )
-    return 0
 
 
-def _keep_original(path: Path, installed_hash: str) -> Path:
-    """The first install's backup holds the original; a later install only renames it (new hash)."""
-    previous = find_backup(path)
+def _write_client(file: ClientFile, original: str | None, new_text: str) -> Path:
+    """Write install's `new_text` over `original` with its backup beside it; the backup's path.
+
+    The backup holds what uninstall should give back: the file before the first install, or,
+    when the file was edited after an earlier install, that install undone on the latest edits
+    (never the older original over newer edits).
+    """
+    previous = find_backup(file.path, original)
+    before, absent = _before_install(file, original, previous)
+    installed_hash = content_hash(new_text)
+    saved, record = backup_path(file.path, installed_hash, absent), installed_path(file.path, installed_hash)
+    kept = {path: path.read_bytes() for path in (saved, record) if path.exists()}
+    write_atomically(saved, before)
+    write_atomically(record, new_text.encode("utf-8"))
+    try:
+        write_atomic(file.path, new_text, expected=original)
+    except BaseException:
+        for path in (saved, record):
+            if path in kept:
+                write_atomically(path, kept[path])
+            else:
+                path.unlink(missing_ok=True)
+        raise
     if previous is not None:
-        renamed = backup_path(path, installed_hash, previous.absent)
-        previous.path.rename(renamed)
-        return renamed
-    saved = backup_path(path, installed_hash, not path.exists())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        shutil.copy2(path, saved)
-    else:
-        saved.write_bytes(b"")
+        for path in (previous.path, installed_path(file.path, previous.installed_hash)):
+            if path not in (saved, record):
+                path.unlink(missing_ok=True)
     return saved
 
 
-async def _uninstall(args: argparse.Namespace, settings: Settings) -> int:
-    file = user_file(args.client, Places.here())
-    saved = find_backup(file.path)
+def _before_install(file: ClientFile, original: str | None, previous: Backup | None) -> tuple[bytes, bool]:
+    """(the bytes uninstall should restore, whether that is "no file")."""
+    if previous is None:
+        if original is None:
+            return b"", True
+        raw = file.path.read_bytes()
+        if raw.decode("utf-8-sig", "replace") != original:
+            raise FileChanged(file.path)
+        return raw, False
+    older = previous.path.read_bytes()
+    if original is not None and content_hash(original) == previous.installed_hash:
+        return older, previous.absent  # untouched since that install: its original still stands
+    if original is None:
+        return older, previous.absent  # the file was deleted since: the original is all there is
+    merged = merge_back(older.decode("utf-8-sig"), previous.installed(file.path), original, file)
+    return merged.encode("utf-8"), False
+
+
+def uninstall_client(file: ClientFile) -> str:
+    """Undo install: the original back if the file is as install wrote it, else a three-way merge."""
+    current = current_text(file.path)
+    saved = find_backup(file.path, current)
     if saved is None:
-        print(f"aggregator: {args.client}: no backup beside {file.path}: install did not write it", file=sys.stderr)
-        return 1
-    current = file.path.read_bytes() if file.path.exists() else None
-    unchanged = current is None or content_hash(current.decode("utf-8", "replace")) == saved.installed_hash
-    if unchanged:
+        raise NotInstalled(f"{file.client}: no backup beside {file.path}: install did not write it")
+    original = saved.path.read_bytes()
+    if current is None or content_hash(current) == saved.installed_hash:
         if saved.absent:
-            file.path.unlink(missing_ok=True)
-            saved.path.unlink()
+            _remove(file.path, current)
         else:
-            os.replace(saved.path, file.path)
-        print(f"{file.client}: {file.path} restored as it was before install")
-        return 0
-    try:
-        merged = restore_text(read_text(file.path), saved.path.read_text(encoding="utf-8-sig"), file)
-    except ConfigError as exc:
-        print(f"aggregator: not changing anything: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    write_atomic(file.path, merged)
-    saved.path.unlink()
-    print(f"{file.client}: {file.path} changed since install: its servers are back, later changes kept")
-    return 0
+            write_atomic(file.path, original, expected=current)
+        message = f"{file.client}: {file.path} restored as it was before install"
+    else:
+        merged = merge_back(original.decode("utf-8-sig"), saved.installed(file.path), current, file)
+        write_atomic(file.path, merged, expected=current)
+        message = f"{file.client}: {file.path} changed since install: its servers are back, later changes kept"
+    saved.path.unlink(missing_ok=True)
+    installed_path(file.path, saved.installed_hash).unlink(missing_ok=True)
+    return message
+
+
+def _remove(path: Path, expected: str | None) -> None:
+    """Delete the file install created (through a symlink, the link left as it was), if unchanged."""
+    if expected is None:
+        return
+    if current_text(path) != expected:
+        raise FileChanged(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.realpath(path))

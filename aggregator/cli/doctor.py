@@ -49,7 +49,13 @@ class Finding:
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    doctor = sub.add_parser("doctor", parents=[common], help="check config, upstreams, data dir and clients")
+    doctor = sub.add_parser(
+        "doctor",
+        parents=[common],
+        help="check config, upstreams, data dir and clients",
+        description="Check the config, start every upstream (unless --no-probe), check the data dir and the "
+        "clients' aggregator entries; one line per finding with its fix. Exit 1 when something is wrong.",
+    )
     doctor.add_argument("--no-probe", action="store_true", help="do not start upstreams")
     doctor.add_argument("--json", action="store_true", help="print the findings as JSON")
     doctor.set_defaults(standalone=_doctor)
@@ -62,6 +68,7 @@ async def _doctor(args: argparse.Namespace, settings: Settings) -> int:
         await check_upstreams(config, findings, probe=not args.no_probe)
     findings.append(check_data_dir(resolve_data_dir(None, settings)))
     findings += check_clients(Places.here())
+    findings.append(check_service(args))
     problems = sum(f.level == "problem" for f in findings)
     if args.json:
         print(json.dumps({"ok": problems == 0, "findings": [asdict(f) for f in findings]}, indent=2))
@@ -213,6 +220,14 @@ def check_data_dir(data_dir: Path) -> Finding:
             "fix its permissions, or set AGGREGATOR_DATA_DIR / --data-dir to a writable directory",
         )
     return Finding("ok", "data dir", f"{data_dir} is writable")
+
+
+def check_service(args: argparse.Namespace) -> Finding:
+    """Whether the per-user service for this config runs (what `connect` entries attach to)."""
+    from aggregator.cli.service import service_health
+
+    level, detail, fix = service_health(args)
+    return Finding(level, "service", detail, fix)
 
 
 def check_clients(places: Places) -> list[Finding]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import re
 import typing
 from collections.abc import Iterable
@@ -23,6 +22,7 @@ from aggregator.config.models import (
     UpstreamConfig,
 )
 from aggregator.config.shapes import (
+    AUTH_KEYS,
     EXAMPLE_HINT,
     FIX_HINTS,
     SERVER_SECTIONS,
@@ -32,6 +32,7 @@ from aggregator.config.shapes import (
     RawUpstream,
     resolve_transport,
 )
+from aggregator.suggest import closest as _closest
 
 __all__ = ["build_config"]
 
@@ -94,15 +95,6 @@ def _check_top_keys(data: dict[Any, Any], client_shape: bool, ctx: Context) -> N
         if client_shape and suggestion is None:
             continue  # the client's own settings (globalShortcut, inputs, ...)
         raise ctx.error((str(key),), "unknown key", _unknown_key_fix(suggestion, TOP_KEYS))
-
-
-def _closest(key: str, valid: Iterable[str], cutoff: float = 0.6) -> str | None:
-    options = list(valid)
-    for option in options:
-        if option.lower() == key.lower():
-            return option
-    matches = difflib.get_close_matches(key, options, n=1, cutoff=cutoff)
-    return matches[0] if matches else None
 
 
 def _unknown_key_fix(suggestion: str | None, valid: Iterable[str]) -> str:
@@ -256,6 +248,7 @@ def _build_upstream(
         prefix=raw.prefix,
         tools=raw.tools,
         roots=[expand.value(root, ("roots", i)) for i, root in enumerate(raw.roots)],
+        sessions=raw.sessions,
         timeouts=Timeouts(
             connect=raw.timeouts.connect if raw.timeouts.connect is not None else timeouts.connect,
             call=raw.timeouts.call if raw.timeouts.call is not None else timeouts.call,
@@ -263,6 +256,14 @@ def _build_upstream(
         snapshots=raw.snapshots if raw.snapshots is not None else defaults.snapshots,
         snapshot_max_age=raw.snapshot_max_age if raw.snapshot_max_age is not None else defaults.snapshot_max_age,
         max_message_bytes=raw.max_message_bytes if raw.max_message_bytes is not None else defaults.max_message_bytes,
+        auth=raw.auth,
+        scopes=list(dict.fromkeys(raw.scopes)),
+        client_id=expand.optional(raw.client_id, ("client_id",)),
+        client_secret=expand.optional(raw.client_secret, ("client_secret",)),
+        client_metadata_url=expand.optional(raw.client_metadata_url, ("client_metadata_url",)),
+        client_private_key=expand.optional(raw.client_private_key, ("client_private_key",)),
+        client_signing_algorithm=raw.client_signing_algorithm,
+        issuer=expand.optional(raw.issuer, ("issuer",)),
     )
 
 
@@ -287,6 +288,14 @@ def _check_endpoint(raw: RawUpstream, url: str | None, url_key: str, path: KeyPa
                     (*path, key),
                     f"{key} applies only to a server started with command",
                     f"remove {key}, or start the server with command:",
+                )
+    if raw.command is not None:
+        for key in AUTH_KEYS:
+            if getattr(raw, key):
+                raise ctx.error(
+                    (*path, key),
+                    f"{key} applies only to a remote server (url)",
+                    f"remove {key}, or reach the server by url:",
                 )
     if raw.command is not None and raw.headers:
         raise ctx.error(

@@ -26,6 +26,7 @@ __all__ = [
     "ENDPOINT_KEYS",
     "ImportItem",
     "ImportPlan",
+    "client_only_variable",
     "everything_set",
     "is_aggregator_entry",
     "plan_import",
@@ -155,6 +156,24 @@ def _codex_keys(entry: Mapping[str, Any], out: dict[str, Any]) -> None:
         out["tools"] = tools
 
 
+# Variables the client itself fills in (VS Code, Cursor, Claude Code plugins); the aggregator's
+# environment does not have them, so an entry using one must stay in the client.
+_CLIENT_VARIABLE = re.compile(
+    r"\$\{(?:workspaceFolder\w*|workspaceRoot|userHome|cwd|file\w*|relativeFile\w*|lineNumber|selectedText"
+    r"|execPath|defaultBuildTask|pathSeparator|/|CLAUDE_PLUGIN_ROOT|CLAUDE_PROJECT_DIR"
+    r"|(?:input|config|command):[^}]*)\}"
+)
+
+
+def client_only_variable(entry: Any) -> str | None:
+    """The first ``${...}`` in `entry`'s strings that only the client defines (``${workspaceFolder}``)."""
+    if isinstance(entry, str):
+        match = _CLIENT_VARIABLE.search(entry)
+        return match.group(0) if match else None
+    values = entry.values() if isinstance(entry, Mapping) else entry if isinstance(entry, list) else ()
+    return next((found for value in values if (found := client_only_variable(value)) is not None), None)
+
+
 def endpoint(entry: Mapping[str, Any]) -> dict[str, Any]:
     """The keys that decide whether two entries are the same server."""
     return {key: entry[key] for key in ENDPOINT_KEYS if entry.get(key) not in (None, [], {})}
@@ -198,6 +217,9 @@ def plan_import(
                 items.append(ImportItem("skip", name, original, client, where, "already the aggregator"))
                 continue
             entry, why = translate(raw, client)
+            needs = client_only_variable(raw)
+            if needs is not None:
+                entry, why = None, f"uses {needs}, which only {client} defines: kept in the client"
             if entry is None:
                 items.append(ImportItem("skip", name, original, client, where, why))
                 continue

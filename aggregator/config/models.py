@@ -31,6 +31,7 @@ PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,32}")
 """An upstream name; always used with ``fullmatch`` (``$`` would let a trailing newline through)."""
 
 Transport = Literal["stdio", "http", "sse"]
+AuthKind = Literal["oauth", "client_credentials", "none"]
 
 
 class Timeouts(BaseModel):
@@ -87,6 +88,9 @@ class UpstreamPresentation(BaseModel):
     pin: list[str] = Field(default_factory=list)
     tools: ToolFilter = Field(default_factory=ToolFilter)
     roots: list[str] = Field(default_factory=list)  # directories or URIs: roots/list when no client can say
+    # one upstream session for all clients, or one per client (docs/isolation.md); None: per-client for
+    # http/sse upstreams (another MCP session), shared for stdio (per-client there is one process per client)
+    sessions: Literal["shared", "per-client"] | None = None
     prefix: bool | str = True  # exposed tool/prompt names: true <server>__name, false the name, or "<prefix>name"
 
     @field_validator("prefix")
@@ -114,6 +118,15 @@ class UpstreamConfig(UpstreamPresentation):
     snapshots: bool = True  # keep the catalog on disk and serve it before the upstream starts
     snapshot_max_age: Duration = DEFAULT_SNAPSHOT_MAX_AGE  # seconds; older snapshots are ignored
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=1024)  # one message from it, any transport
+    # OAuth (remote upstreams; upstream/auth.py). auth None: OAuth when the server answers 401.
+    auth: AuthKind | None = None
+    scopes: list[str] = Field(default_factory=list)
+    client_id: str | None = None
+    client_secret: str | None = Field(default=None, repr=False)  # secrets: kept out of repr
+    client_metadata_url: str | None = None
+    client_private_key: str | None = Field(default=None, repr=False)  # PEM: private_key_jwt
+    client_signing_algorithm: str = "RS256"
+    issuer: str | None = None  # the authorization server the client credentials belong to
 
     @model_validator(mode="after")
     def _check(self) -> UpstreamConfig:
@@ -123,6 +136,8 @@ class UpstreamConfig(UpstreamPresentation):
             raise ValueError("a stdio upstream needs a command and no url")
         if self.transport != "stdio" and (self.url is None or self.command is not None):
             raise ValueError(f"an {self.transport} upstream needs a url and no command")
+        if self.transport == "stdio" and self.auth not in (None, "none"):
+            raise ValueError("auth applies only to a remote upstream (url)")
         return self
 
     @property
@@ -131,6 +146,11 @@ class UpstreamConfig(UpstreamPresentation):
         if self.prefix is True:
             return f"{self.name}__"
         return self.prefix or ""
+
+    @property
+    def per_client_sessions(self) -> bool:
+        """True if each client's requests go on an upstream session of its own (docs/isolation.md)."""
+        return self.sessions == "per-client" or (self.sessions is None and self.transport != "stdio")
 
     def is_direct(self, tool_name: str) -> bool:
         """True if the tool is listed directly as ``<server>__<tool>`` (``expose: direct`` or pinned)."""

@@ -3,25 +3,43 @@
 aggregator.yaml is edited with ruamel.yaml's round-trip mode (comments, order and quoting kept);
 a client's TOML with tomlkit; a client's JSON is rewritten whole (its backup keeps the original
 byte for byte).
+
+Every write to a user's file is a compare-and-swap: the caller says what it read, and the file is
+re-read just before the rename; if another program (a running editor or client) wrote it since,
+nothing is written and `FileChanged` says so. A symlink is written through to its target (the
+link stays a link), and the target keeps its mode and, where permitted, its owner.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap
-from ruamel.yaml.error import YAMLError
+from typing import TYPE_CHECKING, Any
 
 from aggregator.config.errors import ConfigError
+from aggregator.config.files import read_text
+from aggregator.files import write_atomically
 
-__all__ = ["backup", "merge_servers_yaml", "write_atomic"]
+if TYPE_CHECKING:  # ruamel is imported on first use: `serve` never edits a file (issue 24, start-up)
+    from ruamel.yaml import YAML
+
+__all__ = ["FileChanged", "backup", "current_text", "merge_servers_yaml", "write_atomic"]
+
+
+class FileChanged(ConfigError):
+    """The file is no longer what the caller read: another program wrote it meanwhile."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(
+            str(path),
+            None,
+            "another program changed the file while aggregator was editing it; nothing was written",
+            "run the command again (close the client first if it keeps rewriting the file)",
+        )
 
 
 def backup(path: Path) -> Path:
@@ -33,22 +51,47 @@ def backup(path: Path) -> Path:
     return candidate
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` in one step (a reader sees the old file or the new one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+def current_text(path: Path) -> str | None:
+    """The file's text as `read_text` gives it, None when it does not exist (through symlinks)."""
+    if not path.exists():
+        return None
+    return read_text(path)
+
+
+def write_atomic(path: Path, content: str | bytes, *, expected: str | None) -> None:
+    """Replace `path` with `content` in one step, if it still holds `expected` (None: no file).
+
+    A reader sees the old file or the new one. Raises `FileChanged` (and writes nothing) when the
+    file's text is no longer `expected`.
+    """
+    target = Path(os.path.realpath(path))  # through symlinks: the link stays, its target changes
+
+    def check(fd: int) -> None:
+        _keep_mode_and_owner(fd, target)
+        try:
+            now = current_text(target)
+        except ConfigError:
+            raise FileChanged(path) from None
+        if now != expected:
+            raise FileChanged(path)
+
+    payload = content.encode("utf-8") if isinstance(content, str) else content
+    write_atomically(target, payload, before_replace=check)
+
+
+def _keep_mode_and_owner(fd: int, target: Path) -> None:
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as stream:
-            stream.write(text)
-        if path.exists():
-            shutil.copymode(path, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        stat = os.stat(target)
+    except FileNotFoundError:
+        return
+    os.fchmod(fd, stat.st_mode & 0o7777)
+    with contextlib.suppress(OSError):  # not ours to give away: the file stays ours, as an editor leaves it
+        os.fchown(fd, stat.st_uid, stat.st_gid)
 
 
 def _yaml() -> YAML:
+    from ruamel.yaml import YAML
+
     yaml = YAML()  # round trip
     yaml.preserve_quotes = True
     yaml.width = 4096
@@ -58,6 +101,9 @@ def _yaml() -> YAML:
 
 def merge_servers_yaml(text: str, source: str, section: str, additions: Mapping[str, Mapping[str, Any]]) -> str:
     """`text` with `additions` appended under `section`, everything else as the user wrote it."""
+    from ruamel.yaml.comments import CommentedMap
+    from ruamel.yaml.error import YAMLError
+
     yaml = _yaml()
     try:
         data = yaml.load(text) if text.strip() else None
@@ -79,6 +125,8 @@ def merge_servers_yaml(text: str, source: str, section: str, additions: Mapping[
 
 def _plain(value: Any) -> Any:
     """Nested dicts as CommentedMaps (block style), so ruamel writes them like the rest of the file."""
+    from ruamel.yaml.comments import CommentedMap
+
     if isinstance(value, Mapping):
         mapped = CommentedMap()
         for key, item in value.items():

@@ -18,12 +18,14 @@ from aggregator.config.errors import Context, KeyPath
 from aggregator.config.models import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_SNAPSHOT_MAX_AGE,
+    AuthKind,
     Duration,
     Transport,
     UpstreamPresentation,
 )
 
 __all__ = [
+    "AUTH_KEYS",
     "EXAMPLE_HINT",
     "FIX_HINTS",
     "SERVER_SECTIONS",
@@ -80,6 +82,17 @@ class RawUpstream(UpstreamPresentation):
     snapshots: bool | None = None  # None: as under defaults:
     snapshot_max_age: Duration | None = None
     max_message_bytes: int | None = Field(default=None, ge=1024)
+    auth: AuthKind | None = None
+    scopes: list[str] = Field(default_factory=list)
+    client_id: str | None = None
+    client_secret: str | None = None
+    client_metadata_url: str | None = None
+    client_private_key: str | None = None
+    client_signing_algorithm: str = "RS256"
+    issuer: str | None = None
+
+
+AUTH_KEYS = ("auth", "scopes", "client_id", "client_secret", "client_metadata_url", "client_private_key", "issuer")
 
 
 class RawClientServer(RawUpstream):
@@ -115,6 +128,7 @@ FIX_HINTS: dict[str, str] = {
     "pin": "write pin as a list of tool names, e.g. pin: [search]",
     "prefix": "use prefix: true (NAME__tool), false (the upstream's own names) or a string such as gh_",
     "roots": "write roots as a list of directories or file:// URIs, e.g. roots: [~/projects/app]",
+    "sessions": "use sessions: shared (one upstream session for every client) or sessions: per-client",
     "tools": "write tools as {allow: [glob, ...], deny: [glob, ...]}, e.g. tools: {deny: [delete_*]}",
     "timeouts": "give timeouts in seconds as positive numbers, e.g. timeouts: {connect: 10, call: 60}",
     "max_result_bytes": "give a whole number of bytes, at least 1024, e.g. max_result_bytes: 262144",
@@ -122,6 +136,14 @@ FIX_HINTS: dict[str, str] = {
     "snapshot_max_age": "give a positive duration: seconds, or a number with s, m, h, d or w, e.g. 30d",
     "max_message_bytes": "give a whole number of bytes, at least 1024, e.g. max_message_bytes: 33554432",
     "disabled": "use disabled: true or disabled: false",
+    "auth": "use auth: oauth (sign in), auth: client_credentials (machine to machine) or auth: none",
+    "scopes": "write scopes as a list of strings, e.g. scopes: [read, write]",
+    "client_id": "set client_id to the OAuth client id the authorization server gave you",
+    "client_secret": 'set client_secret from a variable, e.g. client_secret: "${MY_CLIENT_SECRET}"',
+    "client_metadata_url": "set client_metadata_url to the https URL of your client ID metadata document",
+    "client_private_key": 'set client_private_key to a PEM key from a variable, e.g. "${MY_CLIENT_KEY}"',
+    "client_signing_algorithm": "use an algorithm name such as RS256 or ES256",
+    "issuer": "set issuer to the authorization server's issuer URL",
     "envFile": "set envFile to the path of a NAME=value file",
     "autoApprove": "write autoApprove as a list of tool names (the aggregator ignores it)",
     "alwaysAllow": "write alwaysAllow as a list of tool names (the aggregator ignores it)",

@@ -150,7 +150,9 @@ class InFlight:
 
 
 @dataclass(slots=True)
-class _Wire:
+class Wire:
+    """One client's descriptors, and whether the event loop can wait on each."""
+
     fd_in: int
     fd_out: int
     poll_in: bool
@@ -169,7 +171,7 @@ async def stdio_streams(
         async with stdio_server() as streams:
             yield streams  # type: ignore[misc]
         return
-    wire = _Wire(_dup_private(0), _dup_private(1), _pollable(0, selectors.EVENT_READ), False)
+    wire = Wire(_dup_private(0), _dup_private(1), _pollable(0, selectors.EVENT_READ), False)
     wire.poll_out = _pollable(1, selectors.EVENT_WRITE)
     blocking = os.get_blocking(0), os.get_blocking(1)  # shared with whoever started us: restore on exit
     saved_in, saved_out = _dup_private(0), _dup_private(1)
@@ -177,28 +179,9 @@ async def stdio_streams(
     os.dup2(null, 0)
     os.dup2(2, 1)
     os.close(null)
-    if wire.poll_in:
-        os.set_blocking(wire.fd_in, False)
-    if wire.poll_out:
-        os.set_blocking(wire.fd_out, False)
-    to_server, read = anyio.create_memory_object_stream[SessionMessage | Exception](16)
-    write, from_server = anyio.create_memory_object_stream[SessionMessage | bytes](64)
-    in_flight = InFlight(limits.max_in_flight)
-    writer_done = anyio.Event()
     try:
-        async with anyio.create_task_group() as tg:
-            reader = anyio.CancelScope()
-            tg.start_soon(_read_messages, wire, to_server, write.clone(), in_flight, limits, reader)
-            tg.start_soon(_write_messages, wire, from_server, in_flight, writer_done, reader)
-            try:
-                yield read, cast(MemoryObjectSendStream[SessionMessage], write)
-            finally:
-                # The server has stopped: stop reading, then let the writer flush what it was given.
-                reader.cancel()
-                write.close()
-                with anyio.move_on_after(FLUSH_SECONDS, shield=True):
-                    await writer_done.wait()
-                tg.cancel_scope.cancel()
+        async with wire_streams(wire, limits) as streams:
+            yield streams
     finally:
         for fd, saved, was_blocking in ((0, saved_in, blocking[0]), (1, saved_out, blocking[1])):
             with suppress(OSError):
@@ -210,7 +193,40 @@ async def stdio_streams(
                 os.close(fd)
 
 
-async def _read_chunk(wire: _Wire) -> bytes:
+@asynccontextmanager
+async def wire_streams(
+    wire: Wire, limits: StdioLimits
+) -> AsyncIterator[
+    tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
+]:
+    """(read, write) streams for `Server.run` over one client's descriptors: our stdio, or an accepted socket.
+
+    The descriptors are made non-blocking where pollable and left open: whoever opened them closes them.
+    """
+    if wire.poll_in:
+        os.set_blocking(wire.fd_in, False)
+    if wire.poll_out:
+        os.set_blocking(wire.fd_out, False)
+    to_server, read = anyio.create_memory_object_stream[SessionMessage | Exception](16)
+    write, from_server = anyio.create_memory_object_stream[SessionMessage | bytes](64)
+    in_flight = InFlight(limits.max_in_flight)
+    writer_done = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        reader = anyio.CancelScope()
+        tg.start_soon(_read_messages, wire, to_server, write.clone(), in_flight, limits, reader)
+        tg.start_soon(_write_messages, wire, from_server, in_flight, writer_done, reader)
+        try:
+            yield read, cast(MemoryObjectSendStream[SessionMessage], write)
+        finally:
+            # The server has stopped: stop reading, then let the writer flush what it was given.
+            reader.cancel()
+            write.close()
+            with anyio.move_on_after(FLUSH_SECONDS, shield=True):
+                await writer_done.wait()
+            tg.cancel_scope.cancel()
+
+
+async def _read_chunk(wire: Wire) -> bytes:
     """The next bytes of stdin; b"" at EOF or on a read error."""
     if not wire.poll_in:
         try:
@@ -228,7 +244,7 @@ async def _read_chunk(wire: _Wire) -> bytes:
 
 
 async def _read_messages(
-    wire: _Wire,
+    wire: Wire,
     sink: MemoryObjectSendStream[SessionMessage | Exception],
     replies: MemoryObjectSendStream[SessionMessage | bytes],
     in_flight: InFlight,
@@ -341,7 +357,7 @@ def _settle_metadata(in_flight: InFlight, request_id: Any) -> ServerMessageMetad
 
 
 async def _write_messages(
-    wire: _Wire,
+    wire: Wire,
     source: MemoryObjectReceiveStream[SessionMessage | bytes],
     in_flight: InFlight,
     done: anyio.Event,
@@ -365,7 +381,7 @@ async def _write_messages(
         done.set()
 
 
-async def _write_all(wire: _Wire, data: bytes) -> None:
+async def _write_all(wire: Wire, data: bytes) -> None:
     if not wire.poll_out:
         await anyio.to_thread.run_sync(_write_blocking, wire.fd_out, data)
         return

@@ -26,6 +26,7 @@ from aggregator.log import get_logger
 from aggregator.proxy.exposure import Clash, log_clashes, name_prefixes
 from aggregator.proxy.relay import Clients, Relay
 from aggregator.proxy.routing import ExposedPrompt, ResourceRouter, TaskRouter, build_prompt_table
+from aggregator.sdk import client_connection
 from aggregator.upstream.pool import ConfigDiff, UpstreamPool
 
 log = get_logger(__name__)
@@ -50,6 +51,7 @@ class Passthrough:
         self._fingerprints: dict[str, tuple[Any, Any]] = {}  # per server: (prompt names, resource keys)
         self._subscribers: dict[str, weakref.WeakSet[Connection]] = {}
         self.relay = Relay(pool, clients, bus, self.tasks, self._subscribers)
+        clients.on_forget.append(pool.client_gone)
         self._changed_prompts = False
         self._changed_resources = False
         self.on_change: Callable[[], None] = lambda: None  # the server wakes its fan-out
@@ -207,12 +209,19 @@ class Passthrough:
         subscribers = self._subscribers.get(uri)
         if subscribers is not None and connection is not None:
             subscribers.discard(connection)
-        if subscribers:  # another client still listens: keep the upstream's subscription
+        if subscribers and not self._own_session(uri, ctx):  # another client listens on the shared session
             return {}
         self._subscribers.pop(uri, None)
         return await self.forward(
             await self._resource_owner(uri), "resources/unsubscribe", {**passthrough_meta(ctx), "uri": uri}, ctx
         )
+
+    def _own_session(self, uri: str, ctx: ServerRequestContext[Any]) -> bool:
+        """True if the caller reaches the owner of `uri` on an upstream session of its own (docs/isolation.md)."""
+        server = self.resources.resolve(uri)
+        if server is None or server not in self.pool.upstream_names():
+            return False
+        return self.pool.connection(server).config.per_client_sessions and self.relay.client_of(ctx) is not None
 
     # ------------------------------------------------------------ completions, logging, roots
 
@@ -246,22 +255,26 @@ class Passthrough:
         extra = {**passthrough_meta(ctx), "task": raw.get("task")}
         forwarded = {**extra, "name": tool, "arguments": dict(arguments)}
         result = await self.forward(server, "tools/call", forwarded, ctx)
-        self.tasks.remember(server, result, getattr(ctx.session, "_connection", None))
+        self.tasks.remember(server, result, client_connection(ctx.session))
         return result
 
     async def task_request(self, ctx: ServerRequestContext[Any]) -> dict[str, Any]:
-        """`tasks/get`, `tasks/result`, `tasks/cancel` by task id; `tasks/list` over every running upstream."""
+        """`tasks/get`, `tasks/result`, `tasks/cancel` by task id; `tasks/list` over every running upstream.
+
+        A task belongs to the client whose call created it: to any other client it does not exist.
+        """
         raw = dict(ctx.params or {})
         if ctx.method == "tasks/list":
             return await self._list_tasks(ctx)
         task_id = raw.get("taskId")
         owner = self.tasks.owner(task_id) if isinstance(task_id, str) else None
-        if owner is None:
+        if owner is None or not _is_caller(owner[1], ctx):
             raise MCPError(types.INVALID_PARAMS, f"unknown task {task_id!r}")
         raw.pop("_meta", None)
         return await self.forward(owner[0], ctx.method, {**passthrough_meta(ctx), **raw}, ctx)
 
     async def _list_tasks(self, ctx: ServerRequestContext[Any]) -> dict[str, Any]:
+        """The caller's own tasks, as the upstreams that run them list them."""
         tasks: list[Any] = []
         for conn in self.pool.ready_connections():
             caps = conn.server_capabilities
@@ -273,8 +286,9 @@ class Passthrough:
                 log.warning("tasks/list failed", upstream=conn.name, error=str(exc)[:200])
                 continue
             for task in result.get("tasks") or []:
-                if isinstance(task, Mapping) and isinstance(task.get("taskId"), str):
-                    self.tasks.remember_id(conn.name, task["taskId"])
+                task_id = task.get("taskId") if isinstance(task, Mapping) else None
+                owner = self.tasks.owner(task_id) if isinstance(task_id, str) else None
+                if owner is not None and owner[0] == conn.name and _is_caller(owner[1], ctx):
                     tasks.append(task)
         return {"tasks": tasks}
 
@@ -328,6 +342,11 @@ def passthrough_meta(ctx: ServerRequestContext[Any]) -> dict[str, Any]:
         if key != "progressToken" and (not key.startswith(_RESERVED_META_PREFIX) or key in _KEPT_RESERVED_META)
     }
     return {"_meta": meta} if meta else {}
+
+
+def _is_caller(creator: Any, ctx: ServerRequestContext[Any]) -> bool:
+    """True if `creator` (the client that created a task) is the client making this request."""
+    return creator is not None and creator is client_connection(ctx.session)
 
 
 def _listed(server: str, entry: ResourceEntry | ResourceTemplateEntry) -> dict[str, Any]:

@@ -1,20 +1,31 @@
 """The other direction (DESIGN §2.6): what upstreams ask of and tell the clients.
 
-Server→client requests (sampling, elicitation, roots, ping) have no link on the
-wire to the call that caused them (stdio carries none), so an upstream's
-request goes to the client whose request to *that upstream* is in flight, on
-that request's own stream. When requests of several clients are in flight to
-it, the target cannot be told: the upstream gets an error, never another
-client's answer. Outside any request, the one connected client answers
-(stdio); with several, `roots/list` answers from the upstream's configured
-`roots:` or fails. Notifications (log messages, resource updates, task status,
-URL elicitation completion) go to the clients they concern.
+Who gets what is the rule of docs/isolation.md:
+
+- On an upstream session a client owns alone (per-client sessions: HTTP/SSE
+  upstreams by default, stdio ones with `sessions: per-client`), every request
+  and notification of that session belongs to that client, asked on the stream
+  of one of its requests in flight (or its own standalone stream).
+- On the shared session, a request or log message carrying
+  `io.modelcontextprotocol/related-task` belongs to the client that created the
+  task; otherwise to the one client whose requests are in flight to that
+  upstream. With requests of several clients in flight the owner cannot be told:
+  a request is refused (the upstream gets an error, never another client's
+  answer) and a log message goes to nobody. Outside any request, the one
+  connected client answers only when it is the only client there can be (no
+  2026-07-28 client seen); otherwise `roots/list` answers from the upstream's
+  configured `roots:` or fails.
+- Only what a server may send its client is relayed (sampling, elicitation,
+  roots, ping), at most MAX_RELAYED_PER_UPSTREAM in flight per upstream and
+  MAX_RELAYED_PER_CLIENT per client; the rest is refused at once.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +37,20 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import ResourceUpdated
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from aggregator.log import get_logger
 from aggregator.proxy.routing import TaskRouter
 from aggregator.sdk import client_connection, request_sender
 from aggregator.upstream.pool import UpstreamPool
-from aggregator.upstream.session import RELAYABLE_CAPABILITIES
+from aggregator.upstream.session import RELAYABLE_CAPABILITIES, Params, Via
+
+log = get_logger(__name__)
+
+RELAYED_METHODS = frozenset({"sampling/createMessage", "elicitation/create", "roots/list", "ping"})
+"""The requests a server may send its client (MCP 2025-11-25); anything else is refused."""
+MAX_RELAYED_PER_UPSTREAM = 64
+MAX_RELAYED_PER_CLIENT = 32
+RELATED_TASK = "io.modelcontextprotocol/related-task"
+_RELAYED_KEYS = ("roots", "sampling", "elicitation")
 
 
 class Clients:
@@ -37,10 +58,14 @@ class Clients:
 
     def __init__(self) -> None:
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self.modern_seen = False  # a 2026-07-28 client has no lasting connection: once seen, it may be around
+        self.on_forget: list[Callable[[Connection], None]] = []  # e.g. the pool ends the client's sessions
 
     def track(self, ctx: ServerRequestContext[Any, Any]) -> None:
-        connection = getattr(ctx.session, "_connection", None)
+        connection = client_connection(ctx.session)
         if connection is not None and connection not in self._connections:
+            if connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                self.modern_seen = True
             self._connections.add(connection)
             connection.exit_stack.callback(self.forget, connection)  # unwound when the client goes
 
@@ -50,6 +75,11 @@ class Clients:
 
     def forget(self, connection: Connection) -> None:
         self._connections.discard(connection)
+        for listener in list(self.on_forget):
+            try:
+                listener(connection)
+            except Exception as exc:  # a listener's bug must not keep the client's other state alive
+                log.warning("client cleanup failed", error=str(exc)[:200])
 
     def capabilities(self) -> types.ClientCapabilities:
         """The union of what the known clients declared; before any is known, all the aggregator can relay.
@@ -65,12 +95,15 @@ class Clients:
             caps = connection.client_capabilities
             if caps is None or connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
                 continue
-            for key in ("roots", "sampling", "elicitation"):
-                value = getattr(caps, key)
-                if value is not None:
-                    merged = union.setdefault(key, {})
-                    merged.update(value.model_dump(by_alias=True, exclude_none=True))
+            for key, value in _relayable(caps).items():
+                union.setdefault(key, {}).update(value)
         return types.ClientCapabilities.model_validate(union)
+
+
+def _relayable(caps: types.ClientCapabilities) -> dict[str, Any]:
+    """The part of a client's capabilities the aggregator can relay (roots, sampling, elicitation)."""
+    dumped = caps.model_dump(by_alias=True, exclude_none=True)
+    return {key: dumped[key] for key in _RELAYED_KEYS if key in dumped}
 
 
 class Relay:
@@ -90,17 +123,29 @@ class Relay:
         self.tasks = tasks
         self._subscribers = subscribers  # resource URI → the clients subscribed to it (kept by the pass-through)
         self._elicitations: dict[str, Connection] = {}  # URL elicitation id → the client asked
+        self._relaying: Counter[Any] = Counter()  # relayed requests in flight, by upstream name and by id(client)
 
-    def client_capabilities(self) -> types.ClientCapabilities:
+    def client_capabilities(self, client: Any = None) -> types.ClientCapabilities:
+        if isinstance(client, Connection) and client.client_capabilities is not None:
+            return types.ClientCapabilities.model_validate(_relayable(client.client_capabilities))
         return self.clients.capabilities()
 
-    async def relay_request(
-        self, upstream: str, method: str, params: Mapping[str, Any] | None, origins: Sequence[Any]
-    ) -> dict[str, Any]:
-        target = self._target(origins)
+    def client_of(self, origin: Any) -> Connection | None:
+        """A handshake-era client's connection (a 2026-07-28 client has none that lasts: it shares)."""
+        if not isinstance(origin, ServerRequestContext):
+            return None
+        connection = client_connection(origin.session)
+        if connection is None or connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return None
+        return connection  # type: ignore[no-any-return]
+
+    async def relay_request(self, upstream: str, method: str, params: Params, via: Via) -> dict[str, Any]:
+        if method not in RELAYED_METHODS:
+            raise MCPError(types.METHOD_NOT_FOUND, f"{method}: not a request a server may send to its client")
+        if method == "ping":  # the aggregator is the upstream's client: it answers for itself
+            return {}
+        target = self._target(upstream, params, via)
         if isinstance(target, str):  # no client can be told apart: answer what we can, refuse the rest
-            if method == "ping":
-                return {}
             roots = self._configured_roots(upstream, method)
             if roots is not None:
                 return roots
@@ -109,26 +154,73 @@ class Relay:
         connection, send = target
         _require_capability(connection, method, params)
         timeout = self.pool.connection(upstream).config.timeouts.call
-        result: dict[str, Any] = await send(method, dict(params) if params is not None else None, {"timeout": timeout})
+        with self._slot(upstream, connection, method):
+            result: dict[str, Any] = await send(
+                method, dict(params) if params is not None else None, {"timeout": timeout}
+            )
         if method == "elicitation/create" and params and isinstance(params.get("elicitationId"), str):
             self._elicitations[params["elicitationId"]] = connection
         return result
 
-    def _target(self, origins: Sequence[Any]) -> tuple[Connection, Any] | str:
-        """The client to ask and the stream to ask it on (its in-flight request's own), or why none can be told."""
-        callers = [
-            o for o in origins if isinstance(o, ServerRequestContext) and client_connection(o.session) is not None
-        ]
-        clients = {id(client_connection(caller.session)) for caller in callers}
-        if len(clients) > 1:
-            return "requests of several clients are in flight to it; the aggregator cannot tell which client"
+    @contextmanager
+    def _slot(self, upstream: str, connection: Connection, method: str) -> Iterator[None]:
+        """One relayed request in flight, within the bounds per upstream and per client, or a clear refusal."""
+        if self._relaying[upstream] >= MAX_RELAYED_PER_UPSTREAM:
+            raise MCPError(
+                types.INVALID_REQUEST,
+                f"{method}: {upstream!r} already has {MAX_RELAYED_PER_UPSTREAM} requests waiting for clients; "
+                "retry later",
+            )
+        if self._relaying[id(connection)] >= MAX_RELAYED_PER_CLIENT:
+            raise MCPError(
+                types.INVALID_REQUEST,
+                f"{method}: the client already has {MAX_RELAYED_PER_CLIENT} requests to answer; retry later",
+            )
+        self._relaying[upstream] += 1
+        self._relaying[id(connection)] += 1
+        try:
+            yield
+        finally:
+            for key in (upstream, id(connection)):
+                self._relaying[key] -= 1
+                if self._relaying[key] <= 0:
+                    del self._relaying[key]
+
+    def _target(self, upstream: str, params: Params, via: Via) -> tuple[Connection, Any] | str:
+        """The client to ask and the stream to ask it on (one of its requests in flight), or why none can be told."""
+        owner = via.client if isinstance(via.client, Connection) else self._task_owner(upstream, params)
+        if owner is not None:
+            return owner, self._sender(owner, via.origins)
+        callers = _callers(via.origins)
+        if len(callers) > 1:
+            return (
+                "requests of several clients are in flight to it on one session; the aggregator cannot tell "
+                "which client (sessions: per-client gives each client its own)"
+            )
         if callers:
-            session = callers[-1].session
-            return client_connection(session), request_sender(session)
+            only = next(iter(callers.values()))
+            return only, self._sender(only, via.origins)
         legacy = self.clients.legacy()
-        if len(legacy) != 1:
-            return f"outside a call, with {len(legacy)} clients connected; the aggregator cannot tell which client"
+        if len(legacy) != 1 or self.clients.modern_seen:
+            clients = "2026-07-28 clients" if self.clients.modern_seen else f"{len(legacy)} clients"
+            return f"outside a call, with {clients} connected; the aggregator cannot tell which client"
         return legacy[0], legacy[0].send_raw_request
+
+    @staticmethod
+    def _sender(connection: Connection, origins: Sequence[Any]) -> Any:
+        """The stream of the client's latest request in flight, else its own standalone stream."""
+        mine = [o for o in _requests(origins) if client_connection(o.session) is connection]
+        return request_sender(mine[-1].session) if mine else connection.send_raw_request
+
+    def _task_owner(self, upstream: str, params: Params) -> Connection | None:
+        """The client that created the task a message names in `_meta` (`related-task`), if it is this upstream's."""
+        meta = (params or {}).get("_meta")
+        related = meta.get(RELATED_TASK) if isinstance(meta, Mapping) else None
+        task_id = related.get("taskId") if isinstance(related, Mapping) else None
+        owner = self.tasks.owner(task_id) if isinstance(task_id, str) else None
+        if owner is None or owner[0] != upstream or not isinstance(owner[1], Connection):
+            return None
+        return owner[1]
 
     def _configured_roots(self, upstream: str, method: str) -> dict[str, Any] | None:
         if method != "roots/list":
@@ -138,29 +230,62 @@ class Relay:
             return None
         return {"roots": [_root(entry) for entry in roots]}
 
-    async def relay_notification(self, upstream: str, method: str, params: Mapping[str, Any] | None) -> None:
+    async def relay_notification(self, upstream: str, method: str, params: Params, via: Via) -> None:
         params = dict(params or {})
+        own = via.client if isinstance(via.client, Connection) else None
         if method == "notifications/message":
             logger = params.get("logger")
             params["logger"] = f"{upstream}/{logger}" if isinstance(logger, str) and logger else upstream
-            targets = self.clients.legacy()
+            targets = self._log_targets(upstream, params, via.origins, own)
         elif method == "notifications/resources/updated":
             uri = params.get("uri")
-            if isinstance(uri, str):
-                await self.bus.publish(ResourceUpdated(uri=uri))
-            targets = list(self._subscribers.get(uri, ())) if isinstance(uri, str) else []
+            subscribed = list(self._subscribers.get(uri, ())) if isinstance(uri, str) else []
+            if own is not None:  # the client subscribed on its own session
+                targets = [own] if own in subscribed else []
+            else:
+                if isinstance(uri, str):
+                    await self.bus.publish(ResourceUpdated(uri=uri))
+                targets = subscribed
         elif method == "notifications/tasks/status":
             task_id = params.get("taskId")
             owner = self.tasks.owner(task_id) if isinstance(task_id, str) else None
-            targets = [owner[1]] if owner is not None and owner[1] is not None else []
+            creator = owner[1] if owner is not None and owner[0] == upstream else None
+            targets = [creator] if creator is not None and (own is None or creator is own) else []
         elif method == "notifications/elicitation/complete":
-            target = self._elicitations.pop(str(params.get("elicitationId")), None)
-            targets = [target] if target is not None else []
+            target = self._elicitations.get(str(params.get("elicitationId")))
+            if target is not None and (own is None or target is own):
+                self._elicitations.pop(str(params.get("elicitationId")), None)
+            targets = [target] if target is not None and (own is None or target is own) else []
         else:
             return
         for connection in targets:
             if connection.protocol_version not in MODERN_PROTOCOL_VERSIONS:
                 await connection.notify(method, params)
+
+    def _log_targets(
+        self, upstream: str, params: Mapping[str, Any], origins: Sequence[Any], own: Connection | None
+    ) -> list[Connection]:
+        """Who hears a log message: its session's or task's client, the one client in flight, or everyone
+        when no request is in flight (the upstream's own news); nobody when several clients' requests are."""
+        owner = own or self._task_owner(upstream, params)
+        if owner is not None:
+            return [owner]
+        callers = _callers(origins)
+        if len(callers) > 1:
+            log.debug("log message of an upstream shared by several clients in flight: not relayed", upstream=upstream)
+            return []
+        if callers:
+            return list(callers.values())
+        return self.clients.legacy()
+
+
+def _requests(origins: Sequence[Any]) -> list[ServerRequestContext[Any, Any]]:
+    return [o for o in origins if isinstance(o, ServerRequestContext) and client_connection(o.session) is not None]
+
+
+def _callers(origins: Sequence[Any]) -> dict[int, Connection]:
+    """The distinct clients of the requests in flight, by identity."""
+    return {id(c): c for c in (client_connection(o.session) for o in _requests(origins))}
 
 
 _REQUIRED = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation", "roots/list": "roots"}

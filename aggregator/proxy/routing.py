@@ -5,13 +5,16 @@ Three small tables, rebuilt from the catalogs or filled as results pass by:
 - prompts are exposed as `<server>__<prompt>` by the same collision-proof
   naming as direct tools (`exposure.exposed_name`) and resolved back through
   the table, never by splitting the name;
-- a resource URI routes, in this order, to (1) the upstream that most recently
-  returned it in a result (a `resource_link` or embedded resource: what a call
-  returned must be readable), (2) the upstream that lists it, (3) the upstream
-  with a matching URI template. Where two upstreams list the same URI, or two
-  templates match, the upstream first by name (the order `list-upstreams`
-  shows) wins and a warning names both (the documented rule; the listing marks
-  each copy's owner in `_meta`);
+- a resource URI routes, in this order, to (1) the upstreams that list it,
+  (2) the upstreams with a matching URI template, (3) the upstream that most
+  recently returned it in a result (a `resource_link` or embedded resource: what
+  a call returned must be readable). Among several listing (or templating)
+  upstreams, the one that returned it wins, else the first by name (the order
+  `list-upstreams` shows) and a warning names them (the listing marks each
+  copy's owner in `_meta`). A listing or a template is an upstream's own claim;
+  a URI in a result is only what one upstream says, so it never takes a URI
+  that other upstreams list or template away from them (a `resource_link` of
+  `evil` naming a file the filesystem server lists cannot reroute its reads);
 - a task id routes to the upstream whose `tools/call` created it.
 
 The maps of URIs seen in results and of task ids are bounded (least recently
@@ -126,15 +129,15 @@ class ResourceRouter:
 
     def resolve(self, uri: str) -> str | None:
         seen = self._seen.get(uri)
-        if seen is not None:
-            return seen
         owners = self._listed.get(uri)
         if owners:
-            return owners[0]
+            return seen if seen in owners else owners[0]
         matching = [server for server, template in self._templates if _matches(template, uri)]
+        if seen in matching:
+            return seen
         if len(set(matching)) > 1:
             log.warning("URI matches templates of several upstreams; using the first", uri=uri, upstreams=matching)
-        return matching[0] if matching else None
+        return matching[0] if matching else seen
 
     def template_owner(self, uri_template: str) -> str | None:
         """The upstream offering exactly this URI template (completion references name templates)."""

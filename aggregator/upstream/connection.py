@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -45,7 +45,9 @@ from aggregator.config import UpstreamConfig
 from aggregator.faults import Fault
 from aggregator.log import get_logger, redact_text
 from aggregator.sdk import ProgressFn, raw_notify, raw_request
-from aggregator.upstream.session import Downstream, NoDownstream, UpstreamSession, offered_names
+from aggregator.upstream.auth import Authenticator, describe_auth_error
+from aggregator.upstream.client_sessions import ClientSessions
+from aggregator.upstream.session import Downstream, NoDownstream, UpstreamSession, Via, offered_names
 from aggregator.upstream.transports import TOO_LARGE, StderrTail, TransportHandle, open_transport
 
 log = get_logger(__name__)
@@ -88,8 +90,10 @@ class UpstreamConnection:
         store: CatalogStore,
         task_group: anyio.abc.TaskGroup,
         downstream: Callable[[], Downstream] = lambda: _NO_DOWNSTREAM,
+        authenticator: Authenticator | None = None,
     ) -> None:
         self.config = config
+        self._authenticator = authenticator or Authenticator()
         self.name = config.name
         self._store = store
         self._tg = task_group
@@ -102,7 +106,10 @@ class UpstreamConnection:
         self.offered: tuple[str, ...] = ()  # what was declared at the last initialize (`session.offered_names`)
         self.log_level: str | None = None  # the level clients asked for; sent on every (re)start
         self._downstream = downstream
-        self._origins: dict[int, Any] = {}  # requests in flight, by a local key: who asked (for relays)
+        # requests in flight, by a local key: who asked, and the client whose own session carries it (None: the
+        # shared session). Relays look there for their client; a reload waits until it is empty.
+        self._origins: dict[int, tuple[Any, Any]] = {}
+        self.clients = ClientSessions(config.name, task_group, self._open_client_session, config.timeouts.connect)
         self._next_origin = 0
         self.stderr = StderrTail(config.name)
         self._run: _Run | None = None  # the latest start; older runs may still be tearing down
@@ -168,7 +175,9 @@ class UpstreamConnection:
             run.scope.deadline = anyio.current_time() + self.config.timeouts.connect
             with run.scope:
                 async with AsyncExitStack() as stack:
-                    handle = run.handle = await stack.enter_async_context(open_transport(self.config, self.stderr))
+                    handle = run.handle = await stack.enter_async_context(
+                        open_transport(self.config, self.stderr, self._authenticator.auth_for(self.config))
+                    )
                     session = await stack.enter_async_context(self._new_session(run, handle))
                     init = await session.initialize()
                     self.server_info = init.server_info
@@ -205,36 +214,70 @@ class UpstreamConnection:
                 elif self.state in (State.READY, State.STARTING):  # ended without a recorded reason
                     self._failed(run, "connection ended")
 
-    def _new_session(self, run: _Run, handle: TransportHandle) -> ClientSession:
+    def _new_session(self, run: _Run | None, handle: TransportHandle, client: Any = None) -> ClientSession:
+        """The session over `handle`: the shared one (`run`), or the own session of `client`."""
+
         async def on_message(message: Any) -> None:
-            await self._handle_message(run, message)
+            if run is not None:
+                await self._handle_message(run, message)  # a client's own session never re-lists the catalog
+
+        async def on_request(method: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
+            return await self._relay_request(method, params, client)
+
+        async def on_notification(method: str, params: Mapping[str, Any] | None) -> None:
+            await self._relay_notification(method, params, client)
 
         return UpstreamSession(
             handle.read,
             handle.write,
             message_handler=on_message,
             client_info=types.Implementation(name="aggregator", version=__version__),
-            capabilities=self._declare,
-            on_request=self._relay_request,
-            on_notification=self._relay_notification,
+            capabilities=lambda: self._declare(client),
+            on_request=on_request,
+            on_notification=on_notification,
         )
 
-    def _declare(self) -> types.ClientCapabilities:
-        """The capabilities to declare at initialize: the clients' (kept, to record with the catalog)."""
-        capabilities = self._downstream().client_capabilities()
-        self.offered = offered_names(capabilities)
+    def _declare(self, client: Any) -> types.ClientCapabilities:
+        """The capabilities to declare at initialize; the shared session's are kept, to record with its catalog."""
+        capabilities = self._downstream().client_capabilities(client)
+        if client is None:
+            self.offered = offered_names(capabilities)
         return capabilities
 
-    async def _relay_request(self, method: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
-        """A server→client request of this upstream, answered by the client whose request is in flight.
+    @asynccontextmanager
+    async def _open_client_session(self, client: Any) -> AsyncIterator[tuple[ClientSession, TransportHandle]]:
+        """A new session of this upstream for `client` alone (its own process for stdio)."""
+        async with AsyncExitStack() as stack:
+            handle = await stack.enter_async_context(
+                open_transport(self.config, self.stderr, self._authenticator.auth_for(self.config))
+            )
+            session = await stack.enter_async_context(self._new_session(None, handle, client))
+            await session.initialize()
+            await self._apply_log_level(session)
+            yield session, handle
 
-        Bounded by the call timeout, as calls are; the upstream cancelling its
-        request cancels this relay and, through it, the client's request.
+    def _in_flight(self, client: Any) -> list[Any]:
+        """The requests in flight on the session of `client` (None: the shared session)."""
+        return [origin for origin, via in list(self._origins.values()) if via is client]
+
+    @property
+    def busy(self) -> int:
+        """Requests in flight (of every kind, starting ones included)."""
+        return len(self._origins)
+
+    async def _relay_request(self, method: str, params: Mapping[str, Any] | None, client: Any = None) -> dict[str, Any]:
+        """A server→client request of this upstream, answered by the client it belongs to.
+
+        On a client's own session that client; on the shared one, the relay decides
+        from the requests in flight. Bounded by the call timeout, as calls are; the
+        upstream cancelling its request cancels this relay and, through it, the
+        client's request.
         """
         budget = self.config.timeouts.call
+        origins = tuple(self._in_flight(client))
         try:
             with anyio.fail_after(budget):
-                return await self._downstream().relay_request(self.name, method, params, list(self._origins.values()))
+                return await self._downstream().relay_request(self.name, method, params, Via(origins, client))
         except MCPError:
             raise
         except TimeoutError:
@@ -243,9 +286,10 @@ class UpstreamConnection:
             log.info("relay failed", upstream=self.name, method=method, error=str(exc)[:200])
             raise MCPError(types.INTERNAL_ERROR, f"{method}: the client could not be reached") from None
 
-    async def _relay_notification(self, method: str, params: Mapping[str, Any] | None) -> None:
+    async def _relay_notification(self, method: str, params: Mapping[str, Any] | None, client: Any = None) -> None:
         try:
-            await self._downstream().relay_notification(self.name, method, params)
+            via = Via(tuple(self._in_flight(client)), client)
+            await self._downstream().relay_notification(self.name, method, params, via)
         except Exception as exc:  # a client gone away must not disturb the upstream
             log.debug("notification not relayed", upstream=self.name, method=method, error=str(exc)[:200])
 
@@ -262,8 +306,9 @@ class UpstreamConnection:
         """Remember `level` for later starts and send it now if the upstream runs and logs."""
         self.log_level = level
         run = self._run
-        if self.state is State.READY and run is not None and run.session is not None:
-            await self._apply_log_level(run.session)
+        shared = [run.session] if self.state is State.READY and run is not None and run.session is not None else []
+        for session in [*shared, *self.clients.ready()]:
+            await self._apply_log_level(session)
 
     async def notify(self, method: str, params: Mapping[str, Any] | None = None) -> None:
         """Send a notification if the upstream runs (a stopped one learns everything at its next start)."""
@@ -440,30 +485,44 @@ class UpstreamConnection:
         the upstream request (`notifications/cancelled`). The upstream's own
         JSON-RPC error is raised as the `MCPError` it sent; a lost connection or
         a timeout is a `Fault`. `origin` (the client's request) is remembered while
-        the request is in flight, so the upstream's own requests find their client.
+        the request is in flight, so the upstream's own requests find their client;
+        with per-client sessions (docs/isolation.md) it goes on that client's own session.
         """
-        session = await self.ensure_ready()
-        run = self._run
-        budget = self.config.timeouts.call
         key = self._next_origin = self._next_origin + 1
-        self._origins[key] = origin
+        client = self._downstream().client_of(origin) if self.config.per_client_sessions else None
+        self._origins[key] = (origin, client)  # from here on: a reload lets it finish
         try:
-            with anyio.CancelScope(deadline=anyio.current_time() + budget) as scope:
-
-                async def on_progress(value: float, total: float | None, message: str | None) -> None:
-                    scope.deadline = anyio.current_time() + budget
-                    if progress is not None:
-                        await progress(value, total, message)
-
-                try:
-                    result = await raw_request(session, method, dict(params) if params else None, on_progress)
-                except MCPError as exc:
-                    handle = run.handle if run is not None else None
-                    if exc.code == CONNECTION_CLOSED or (handle is not None and handle.closed.is_set()):
-                        raise self._call_fault(run, exc) from None
-                    raise
+            return await self._request(method, params, progress, client, what)
         finally:
             del self._origins[key]
+
+    async def _request(
+        self, method: str, params: Mapping[str, Any] | None, progress: ProgressFn | None, client: Any, what: str | None
+    ) -> dict[str, Any]:
+        """`request` on the shared session, or on the own session of `client` when it has one."""
+        session = await self.ensure_ready()
+        run = self._run
+        handle = run.handle if run is not None else None
+        if client is not None:
+            session, handle = await self.clients.session(client)
+        budget = self.config.timeouts.call
+        with anyio.CancelScope(deadline=anyio.current_time() + budget) as scope:
+
+            async def on_progress(value: float, total: float | None, message: str | None) -> None:
+                scope.deadline = anyio.current_time() + budget
+                if progress is not None:
+                    await progress(value, total, message)
+
+            try:
+                result = await raw_request(session, method, dict(params) if params else None, on_progress)
+            except MCPError as exc:
+                lost = exc.code == CONNECTION_CLOSED or (handle is not None and handle.closed.is_set())
+                if lost and client is not None and handle is not None:
+                    self.clients.lost(client, handle)  # the client's own session: the shared one is fine
+                    raise Fault("upstream_error", f"upstream {self.name!r}: the client's session ended") from None
+                if lost:
+                    raise self._call_fault(run, exc) from None
+                raise
         if scope.cancelled_caught:
             what = what or f"{self.name} {method}"
             raise Fault("timeout", f"{what} did not answer within {budget:g}s (no progress either)")
@@ -492,6 +551,7 @@ class UpstreamConnection:
     def request_stop(self) -> None:
         """Ask the owner task to tear down; the pool's task group waits for it."""
         self._stopping = True
+        self.clients.close_all()
         if self._run is not None:
             self._run.wake.set()
             if not self._run.done.is_set():
@@ -531,7 +591,9 @@ def _describe_start_error(exc: BaseException, conn: UpstreamConnection) -> str:
     """One line saying why a start failed, with the tail of the child's stderr."""
     leaves = list(_leaf_exceptions(exc))
     first = leaves[0] if leaves else exc
-    if isinstance(first, TimeoutError):
+    if (signing_in := describe_auth_error(first)) is not None:
+        what = signing_in
+    elif isinstance(first, TimeoutError):
         what = f"no handshake within {conn.config.timeouts.connect:g}s"
     elif isinstance(first, FileNotFoundError | NotADirectoryError) and not _is_dir(conn.config.cwd):
         what = f"working directory not found: {conn.config.cwd}"

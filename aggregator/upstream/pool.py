@@ -32,6 +32,8 @@ from aggregator.config.watch import watch_config
 from aggregator.faults import Fault
 from aggregator.log import get_logger, register_secrets
 from aggregator.sdk import ProgressFn
+from aggregator.suggest import closest
+from aggregator.upstream.auth import Authenticator, TokenStore
 from aggregator.upstream.connection import State, UpstreamConnection
 from aggregator.upstream.session import Downstream, NoDownstream, offered_names
 
@@ -63,20 +65,39 @@ class UpstreamStatus:
 
 
 def secret_values(config: AggregatorConfig) -> list[str]:
-    """Every configured value that may be a secret: upstream env and header values."""
+    """Every configured value that may be a secret: upstream env and header values, OAuth client secrets."""
     return [
         value
         for upstream in config.upstreams.values()
-        for value in (*upstream.env.values(), *upstream.headers.values())
+        for value in (
+            *upstream.env.values(),
+            *upstream.headers.values(),
+            upstream.client_secret,
+            upstream.client_private_key,
+        )
+        if value is not None
     ]
 
 
 class UpstreamPool:
     """Implements `aggregator.catalog.source.CatalogSource` over real connections."""
 
-    def __init__(self, config: AggregatorConfig, task_group: anyio.abc.TaskGroup, data_dir: Path | None = None) -> None:
-        """`data_dir`: where catalog snapshots live; None keeps no snapshots at all."""
+    def __init__(
+        self,
+        config: AggregatorConfig,
+        task_group: anyio.abc.TaskGroup,
+        data_dir: Path | None = None,
+        authenticator: Authenticator | None = None,
+    ) -> None:
+        """`data_dir`: where catalog snapshots (and OAuth tokens) live; None keeps none on disk.
+
+        `authenticator`: how remote upstreams sign in; by default from the data dir's token
+        store, and never interactively (a needed sign-in fails at once, naming the command).
+        """
         self.config = config
+        self.authenticator = authenticator or Authenticator(
+            TokenStore.in_data_dir(data_dir) if data_dir else TokenStore(None)
+        )
         register_secrets(secret_values(config))
         self.snapshots = SnapshotDir(data_dir) if data_dir is not None else None
         self._fingerprints = {
@@ -88,7 +109,7 @@ class UpstreamPool:
         self.downstream: Downstream = NoDownstream()  # the server installs itself here
         self.on_call_result: Callable[[str, Any], None] = lambda server, result: None
         self._connections = {
-            name: UpstreamConnection(upstream, self._store, task_group, lambda: self.downstream)
+            name: UpstreamConnection(upstream, self._store, task_group, lambda: self.downstream, self.authenticator)
             for name, upstream in config.upstreams.items()
         }
         self._by_folded = {name.casefold(): name for name in self._connections}
@@ -108,7 +129,12 @@ class UpstreamPool:
     @classmethod
     @asynccontextmanager
     async def running(
-        cls, config: AggregatorConfig, data_dir: Path | None = None, *, watch: Path | None = None
+        cls,
+        config: AggregatorConfig,
+        data_dir: Path | None = None,
+        *,
+        watch: Path | None = None,
+        authenticator: Authenticator | None = None,
     ) -> AsyncIterator[UpstreamPool]:
         """A pool whose upstreams are all stopped (process groups included) on exit.
 
@@ -116,7 +142,7 @@ class UpstreamPool:
         file (and SIGHUP) are applied while it runs (`apply_config`).
         """
         async with anyio.create_task_group() as tg:
-            pool = cls(config, tg, data_dir)
+            pool = cls(config, tg, data_dir, authenticator)
             try:
                 pool._start_eager()
                 if watch is not None:
@@ -216,6 +242,11 @@ class UpstreamPool:
                 del self._busy[conn]
         self.on_call_result(server, result)
         return result
+
+    def client_gone(self, client: Any) -> None:
+        """A downstream client disconnected: end the upstream sessions it had of its own (docs/isolation.md)."""
+        for conn in [*self._connections.values(), *self._retiring]:
+            conn.clients.close(client)
 
     def unlisted(self, *, direct: bool) -> list[str]:
         """Upstreams never listed (no live catalog, no snapshot) and not inside a backoff window.
@@ -350,7 +381,7 @@ class UpstreamPool:
         for conn in everyone:
             conn.request_stop()
         with anyio.move_on_after(SHUTDOWN_GRACE_SECONDS, shield=True):
-            while self._writers or any(conn.state in (State.READY, State.STARTING) for conn in everyone):
+            while self._writers or any(_running(conn) for conn in everyone):
                 await anyio.sleep(0.02)
         tg.cancel_scope.cancel()
 
@@ -389,7 +420,7 @@ class UpstreamPool:
         fresh = [*diff.added, *diff.changed]
         for name in fresh:
             self._connections[name] = UpstreamConnection(
-                config.upstreams[name], self._store, self._tg, lambda: self.downstream
+                config.upstreams[name], self._store, self._tg, lambda: self.downstream, self.authenticator
             )
             if self.snapshots is not None and config.upstreams[name].snapshots:
                 self._fingerprints[name] = fingerprint(config.upstreams[name])
@@ -404,14 +435,14 @@ class UpstreamPool:
         return diff
 
     def _retire(self, conn: UpstreamConnection) -> None:
-        """Take `conn` out of service now; stop it once its calls in flight are done (or time out)."""
+        """Take `conn` out of service now; stop it once its requests in flight (any kind) are done (or time out)."""
         conn.detach_store()
         self._store.forget(conn.name)  # removed, or its definition changed: its snapshot no longer holds
         self._retiring.add(conn)
 
         async def stop_when_idle() -> None:
             with anyio.move_on_after(conn.config.timeouts.call):
-                while self._busy.get(conn):
+                while self._busy.get(conn) or conn.busy:
                     await anyio.sleep(0.05)
             conn.request_stop()
             self._retiring.discard(conn)
@@ -489,9 +520,17 @@ def require_tool(catalog: Catalog, tool: str, snapshot: Catalog | None = None) -
             f"{catalog.server} no longer has tool {tool!r} (a snapshot from {age_text(snapshot.age())} ago listed it, "
             "the running server does not); search again with catalog_search_tools",
         )
-    near = [t.name for t in catalog.exposed_tools if tool.lower() in t.name.lower()][:5]
-    hint = f"; similar: {', '.join(near)}" if near else "; see catalog_list_tools"
+    names = [t.name for t in catalog.exposed_tools]
+    near = [name for name in names if tool.lower() in name.lower()][:5]
+    guess = closest(tool, names)
+    hint = f"; did you mean {guess!r}?" if guess else f"; similar: {', '.join(near)}" if near else ""
+    hint += f"; see catalog_list_tools(server={catalog.server!r})"
     raise Fault("unknown_tool", f"{catalog.server} has no tool {tool!r}{hint}")
+
+
+def _running(conn: UpstreamConnection) -> bool:
+    """True while the upstream or one of its per-client sessions still runs."""
+    return conn.state in (State.READY, State.STARTING) or bool(len(conn.clients))
 
 
 def _hidden_by(tools: ToolFilter) -> Callable[[str], bool]:

@@ -12,6 +12,7 @@ server installs the real one, so nothing here imports anything higher.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import mcp.types as types
@@ -46,39 +47,55 @@ def offered_names(capabilities: types.ClientCapabilities) -> tuple[str, ...]:
     return tuple(name for name in ("elicitation", "roots", "sampling") if getattr(capabilities, name) is not None)
 
 
+Params = Mapping[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Via:
+    """The upstream session a request or notification came on, as the relay needs it.
+
+    `client`: the downstream client that owns the session alone (an opaque handle from
+    `Downstream.client_of`), or None for the session all clients share; `origins`: the
+    client requests in flight on that session.
+    """
+
+    origins: Sequence[Any] = ()
+    client: Any = None
+
+
 class Downstream(Protocol):
     """The aggregator's clients, as an upstream connection sees them."""
 
-    def client_capabilities(self) -> types.ClientCapabilities:
-        """What to declare to an upstream that starts now."""
+    def client_capabilities(self, client: Any = None) -> types.ClientCapabilities:
+        """What to declare to an upstream session that starts now (for `client` alone, or for all)."""
         ...
 
-    async def relay_request(
-        self, upstream: str, method: str, params: Mapping[str, Any] | None, origins: Sequence[Any]
-    ) -> dict[str, Any]:
-        """Answer a server→client request of `upstream`; `origins` are the requests in flight to it.
-
-        Raises `MCPError` for the upstream to receive as its JSON-RPC error.
-        """
+    def client_of(self, origin: Any) -> Any:
+        """The client a request in flight came from, when it can have a session of its own (else None)."""
         ...
 
-    async def relay_notification(self, upstream: str, method: str, params: Mapping[str, Any] | None) -> None: ...
+    async def relay_request(self, upstream: str, method: str, params: Params, via: Via) -> dict[str, Any]:
+        """Answer a server→client request of `upstream`. Raises `MCPError` for the upstream to receive."""
+        ...
+
+    async def relay_notification(self, upstream: str, method: str, params: Params, via: Via) -> None: ...
 
 
 class NoDownstream:
     """Before a server is attached (the CLI's `list-upstreams`, `search`): declare nothing, relay nothing."""
 
-    def client_capabilities(self) -> types.ClientCapabilities:
+    def client_capabilities(self, client: Any = None) -> types.ClientCapabilities:
         return types.ClientCapabilities()
 
-    async def relay_request(
-        self, upstream: str, method: str, params: Mapping[str, Any] | None, origins: Sequence[Any]
-    ) -> dict[str, Any]:
+    def client_of(self, origin: Any) -> Any:
+        return None
+
+    async def relay_request(self, upstream: str, method: str, params: Params, via: Via) -> dict[str, Any]:
         if method == "ping":
             return {}
         raise MCPError(code=types.METHOD_NOT_FOUND, message=f"no client is connected to answer {method}")
 
-    async def relay_notification(self, upstream: str, method: str, params: Mapping[str, Any] | None) -> None:
+    async def relay_notification(self, upstream: str, method: str, params: Params, via: Via) -> None:
         return None
 
 

@@ -119,8 +119,13 @@ class TransportHandle:
 
 
 @asynccontextmanager
-async def open_transport(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[TransportHandle]:
-    """Open the configured transport; closing it ends the upstream (and its process group)."""
+async def open_transport(
+    config: UpstreamConfig, stderr: StderrTail, auth: httpx2.Auth | None = None
+) -> AsyncIterator[TransportHandle]:
+    """Open the configured transport; closing it ends the upstream (and its process group).
+
+    `auth` (HTTP and SSE): the upstream's OAuth provider (`upstream/auth.py`), or None.
+    """
     if config.transport == "stdio":
         async with _stdio(config, stderr) as handle:
             yield handle
@@ -130,7 +135,9 @@ async def open_transport(config: UpstreamConfig, stderr: StderrTail) -> AsyncIte
     overflow = _Overflow()
     assert config.url is not None
     if config.transport == "http":  # SSE events: the SDK's own cap; JSON bodies: ours
-        client = capped_http_client(limit, headers=dict(config.headers) or None, timeout=_http_timeout(config))
+        client = capped_http_client(
+            limit, headers=dict(config.headers) or None, timeout=_http_timeout(config), auth=auth
+        )
         client.event_hooks = {"response": [_session_lost_hook(closed)]}
         async with (
             client,
@@ -145,6 +152,7 @@ async def open_transport(config: UpstreamConfig, stderr: StderrTail) -> AsyncIte
                 headers=dict(config.headers) or None,
                 timeout=config.timeouts.connect,
                 sse_read_timeout=max(300.0, config.timeouts.call * 2),
+                auth=auth,
                 httpx_client_factory=lambda headers=None, timeout=None, auth=None: capped_http_client(
                     limit, headers=headers, timeout=timeout, auth=auth, overflow=overflow
                 ),

@@ -13,15 +13,21 @@ naming which internal changed (each function below has a test that exercises it 
   client whose call caused it (the public `ServerRequestContext` exposes neither).
 - `without_tracing`: the low-level server wraps every request in an OpenTelemetry span; with no
   tracer configured that is pure per-call cost, and the middleware class is private.
+- `oauth` (a submodule, `aggregator.sdk.oauth`): the SDK's OAuth providers with three private steps
+  extended (stored expiry kept, refresh before expiry and on 401, configured scopes added).
+- `defer_wire_model_builds`: the SDK's ~570 generated wire models (both protocol eras) build their
+  pydantic validators at import; deferred, each builds on its first use, so an era no client speaks
+  costs only its class definitions. It must run before `mcp` is imported, so this module imports
+  the SDK only inside its functions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mcp.client.session import ClientSession
-from mcp.server._otel import OpenTelemetryMiddleware
+if TYPE_CHECKING:
+    from mcp.client.session import ClientSession
 
 # The SDK's HTTP client defaults (private `mcp.shared._httpx_utils`), restated rather than imported:
 # a general operation's timeout and an SSE stream's read timeout, in seconds.
@@ -71,4 +77,23 @@ def request_sender(server_session: Any) -> RawSender:
 
 def without_tracing(middleware: Sequence[Any]) -> list[Any]:
     """The server middleware less the SDK's per-request OpenTelemetry span."""
+    from mcp.server._otel import OpenTelemetryMiddleware
+
     return [m for m in middleware if not isinstance(m, OpenTelemetryMiddleware)]
+
+
+def defer_wire_model_builds() -> bool:
+    """Build the SDK's generated wire models (`mcp_types._v*`) on first use instead of at import.
+
+    Call before anything imports `mcp`; afterwards it changes nothing (the models are built) and
+    says so by returning False. Pydantic builds a deferred model on its first validation or schema
+    use, so behaviour is unchanged; only the cost moves to the era a client actually speaks.
+    """
+    import sys
+
+    if any(name.startswith("mcp_types._v") for name in sys.modules):
+        return False
+    from mcp_types._wire_base import WireModel
+
+    WireModel.model_config["defer_build"] = True
+    return True

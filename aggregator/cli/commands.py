@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -24,12 +25,13 @@ import anyio
 import anyio.lowlevel
 
 from aggregator import __version__
-from aggregator.catalog.model import age_text
-from aggregator.cli import calls, clients, doctor
 from aggregator.cli.progress import progress_line
 from aggregator.config import AggregatorConfig, ConfigError, load_config
-from aggregator.log import configure_logging, get_logger, register_secrets
+from aggregator.faults import Fault
+from aggregator.log import configure_logging, get_logger, redact_text, register_secrets
 from aggregator.settings import Settings, load_settings, resolve_data_dir
+from aggregator.startup import settled_imports
+from aggregator.suggest import closest
 from aggregator.table import render_table
 
 log = get_logger(__name__)
@@ -41,7 +43,22 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors in one line (exit 2), like config errors; subcommand parsers are made of it too."""
 
     def error(self, message: str) -> typing.NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {_with_suggestion(message)} (see {self.prog} --help)\n")
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (?P<choices>.*)\)$")
+
+
+def _with_suggestion(message: str) -> str:
+    """argparse's "invalid choice: 'serch' (choose from ...)" with a "did you mean" when one is close."""
+    found = _INVALID_CHOICE.search(message)
+    if found is None:
+        return message
+    choices = re.findall(r"'([^']*)'", found["choices"]) or found["choices"].split(", ")
+    guess = closest(found["word"], choices)
+    if guess is None:
+        return message
+    return f"{message[: found.start()]}invalid choice: {found['word']!r}; did you mean {guess!r}?"
 
 
 def _port(text: str) -> int:
@@ -63,28 +80,54 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="aggregator", description="One MCP entry for many MCP servers.", parents=[common])
     parser.add_argument("--version", action="version", version=f"aggregator {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", parents=[common], help="serve MCP over stdio (default) or streamable HTTP")
-    serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    serve = sub.add_parser(
+        "serve",
+        parents=[common],
+        help="serve MCP over stdio (default) or streamable HTTP",
+        description="Serve MCP: what a client (Claude Desktop, Claude Code, Cursor, VS Code) starts. Over stdio "
+        "by default; with --transport http on http://HOST:PORT/mcp (AGGREGATOR_TOKEN is the bearer token).",
+    )
+    serve.add_argument(
+        "--transport",
+        choices=["stdio", "http", "socket"],
+        default="stdio",
+        help="stdio (default), streamable HTTP, or socket (the per-user service `aggregator connect` attaches to)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=8765, help="HTTP port (default 8765)")
     serve.add_argument("--allow-host", action="append", default=[], help="extra Host header value to accept")
     serve.add_argument("--data-dir", type=Path, help="where persistent search indexes and catalog snapshots live")
 
-    upstreams = sub.add_parser("list-upstreams", parents=[common], help="show configured upstreams")
+    upstreams = sub.add_parser(
+        "list-upstreams",
+        parents=[common],
+        help="show configured upstreams",
+        description="Show each configured upstream: transport, state, tool count, snapshot. Starts nothing "
+        "unless --probe. Exit 1 when a probed upstream is not ready.",
+    )
     upstreams.add_argument("--probe", action="store_true", help="start every upstream concurrently and report")
     upstreams.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
-    search = sub.add_parser("search", parents=[common], help="rank upstream tools for a query")
-    search.add_argument("query")
+    search = sub.add_parser(
+        "search",
+        parents=[common],
+        help="rank upstream tools for a query",
+        description="Rank the upstreams' tools for a query, as the catalog_search_tools tool does for a model.",
+    )
+    search.add_argument("query", help='words describing the tool you need, e.g. "convert time zones"')
     search.add_argument("--load", action="store_true", help="start upstreams whose catalogs are not loaded")
-    search.add_argument("--limit", type=int, default=8)
+    search.add_argument("--limit", type=int, default=8, help="how many results (1-50, default 8)")
     search.add_argument("--json", action="store_true", help="print the tool's JSON result")
     search.add_argument("--explain", action="store_true", help="show how each result's score is made")
 
     refresh = sub.add_parser(
-        "refresh", parents=[common], help="start upstreams, rewrite their catalog snapshots, stop them"
+        "refresh",
+        parents=[common],
+        help="start upstreams, rewrite their catalog snapshots, stop them",
+        description="Start the named upstreams (default: all) concurrently, write their catalog snapshots, "
+        "stop them. Exit 1 when one could not be refreshed.",
     )
     refresh.add_argument("names", nargs="*", metavar="NAME", help="upstreams to refresh (default: all)")
     refresh.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -95,12 +138,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else list(argv)
+    if words == ["--version"]:  # answered before anything imports the commands (and the SDK)
+        print(f"aggregator {__version__}")
+        return 0
     from aggregator.downstream.stdio import plug_standard_fds
 
     plug_standard_fds()  # before anything opens a file: `serve <&-` must not read from a stray descriptor
     parser = build_parser()
+    if not words:
+        parser.print_help()  # a bare `aggregator`: what it can do, not a usage error
+        return 0
     args, extra = parser.parse_known_args(argv)
     if extra and not (hasattr(args, "pairs") and all("=" in word and not word.startswith("-") for word in extra)):
+        if args.command == "add":
+            parser.error(f"unrecognized arguments: {' '.join(extra)}; put -- before the server's command")
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:  # `call S T --args '{...}' k=v`: argparse does not take positionals after an option
         args.pairs += extra
@@ -108,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings()
         register_secrets([settings.token.get_secret_value()] if settings.token else [])
         configure_logging(
-            getattr(args, "log_level", None) or settings.log_level,
+            getattr(args, "log_level", None) or _default_log_level(args, settings),
             getattr(args, "log_file", None) or settings.log_file,
         )
         # doctor, import, install, uninstall read (and report on) the config themselves
@@ -133,6 +185,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run(getattr(args, "handler", None) or commands[args.command], args, config, settings)
 
 
+def _default_log_level(args: argparse.Namespace, settings: Settings) -> str:
+    """`warning` for `serve`; a one-shot command says what went wrong itself, so only errors are logged
+    unless AGGREGATOR_LOG_LEVEL or --log-level asks for more."""
+    if "log_level" in settings.model_fields_set or args.command == "serve":
+        return settings.log_level
+    return "error"
+
+
 def _run(command: Callable[..., Awaitable[int]], *args: Any) -> int:
     try:
         return anyio.run(command, *args, backend_options=_backend_options())
@@ -142,8 +202,35 @@ def _run(command: Callable[..., Awaitable[int]], *args: Any) -> int:
         return _stdout_closed()
     except BaseExceptionGroup as group:
         if group.split(BrokenPipeError)[1] is not None:
-            raise
+            return _unexpected(group)
         return _stdout_closed()
+    except Exception as exc:
+        return _unexpected(exc)
+
+
+def _unexpected(exc: BaseException) -> int:
+    """One line for what no command handled: a fault's own message, else the error and where to see more."""
+    leaves = _leaves(exc)
+    if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+        return 130
+    fault = next((leaf for leaf in leaves if isinstance(leaf, Fault)), None)
+    if fault is not None:
+        print(f"aggregator: {fault.reason}: {fault.message}", file=sys.stderr)
+        return EXIT_USAGE if fault.kind == "programmer" else 1
+    first = leaves[0] if leaves else exc
+    log.debug("unexpected error", exc_info=exc)
+    text = redact_text(str(first).splitlines()[0] if str(first) else "")
+    print(
+        f"aggregator: unexpected {type(first).__name__}: {text} (--log-level debug shows where; please report it)",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
 
 
 def _stdout_closed() -> int:
@@ -165,20 +252,35 @@ def _backend_options() -> dict[str, Any]:
 
 
 async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    from aggregator.downstream.http import HttpConfigError, HttpLimits, bind_socket, build_app, check_bind, serve_http
-    from aggregator.proxy.server import AggregatorServer
-    from aggregator.upstream.pool import UpstreamPool
+    from aggregator.cli import service
+
+    with settled_imports():  # the server's modules, frozen with the rest (issue 24: start-up)
+        from aggregator.proxy.server import AggregatorServer
+        from aggregator.upstream.pool import UpstreamPool
 
     data_dir = resolve_data_dir(args.data_dir, settings)
     token = settings.token.get_secret_value() if settings.token else None
     sock = None
-    if args.transport == "http":
+    if args.transport == "http":  # uvicorn and starlette's app only when serving HTTP
+        from aggregator.downstream.http import (
+            HttpConfigError,
+            HttpLimits,
+            bind_socket,
+            build_app,
+            check_bind,
+            serve_http,
+        )
+
         try:
             check_bind(args.host, token)
             sock = bind_socket(args.host, args.port)
         except HttpConfigError as exc:
             print(f"aggregator: {exc}", file=sys.stderr)
             return EXIT_USAGE
+    claim = service.claim_service(args, config.source) if args.transport == "socket" else None
+    if isinstance(claim, str):
+        print(f"aggregator: {claim}", file=sys.stderr)
+        return 0
     log.info("starting", config=config.source, upstreams=len(config.upstreams), transport=args.transport)
     status = 0
     async with anyio.create_task_group() as tg:
@@ -198,7 +300,9 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
                 tg.cancel_scope.cancel()
                 await anyio.lowlevel.checkpoint()  # the cancellation unwinds the pool and the task group
             async with server.running():
-                if sock is None:
+                if claim is not None:
+                    await service.run_service(server, claim, settings)
+                elif sock is None:
                     await _serve_stdio(server, settings)
                 else:
                     limits = HttpLimits(
@@ -242,9 +346,11 @@ async def _stop_on_signal(scope: anyio.CancelScope) -> None:
 
 
 async def _list_upstreams(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
+    from aggregator.upstream.auth import cli_authenticator
     from aggregator.upstream.pool import UpstreamPool
 
-    async with UpstreamPool.running(config, _data_dir(args, settings)) as pool:
+    data_dir = _data_dir(args, settings)
+    async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         started = time.monotonic()
         if args.probe:
             with progress_line("probing upstreams", len(pool.upstream_names())) as advance:
@@ -288,6 +394,8 @@ def _status_row(status: Any) -> dict[str, Any]:
 
 def _snapshot_cell(status: Any) -> str | None:
     """`12 tools, 3h old`, or why there is no usable snapshot."""
+    from aggregator.catalog.model import age_text
+
     if status.snapshot_tool_count is not None:
         return f"{status.snapshot_tool_count} tools, {age_text(status.snapshot_age or 0.0)} old"
     return f"ignored: {status.snapshot_note}" if status.snapshot_note else None
@@ -406,5 +514,7 @@ def _register_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     """Each sibling module's ``register(sub, common)`` adds its subparsers and sets ``handler`` (an async
     ``(args, config, settings) -> exit code`` run with the loaded config) or ``standalone`` (an async
     ``(args, settings) -> exit code`` that reads the config itself, e.g. to report on a broken one)."""
-    for module in (calls, clients, doctor):
+    from aggregator.cli import auth, calls, clients, doctor, editing, service  # here: `--version` imports no SDK
+
+    for module in (editing, auth, calls, clients, doctor, service):
         module.register(sub, common)

@@ -32,7 +32,7 @@ from importlib import resources
 
 from stop_words import get_stop_words
 
-from aggregator.catalog.tokens import is_identifier, stem, tokenize
+from aggregator.catalog.search.tokens import is_identifier, stem, tokenize
 
 LITERAL = "query"
 STOP = "stop word"

@@ -1,0 +1,80 @@
+"""What the search reads of a tool and of a server: the tokens of each field (`scoring.FIELDS`).
+
+A tool's own fields are its name (also whole, as one `identifier` token),
+title, description, parameters and annotations; every tool of a server also
+carries the server's name and operator metadata. A server whose catalog is
+not loaded is indexed as a *card* of its name and metadata alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from aggregator.catalog.model import ToolEntry
+from aggregator.catalog.search.tokens import identifier, tokenize
+
+
+def tool_fields(entry: ToolEntry) -> dict[str, list[str]]:
+    """The tokens of a tool's own fields."""
+    return {
+        "name": (name := tokenize(entry.name)),
+        "identifier": [] if (whole := identifier(name)) is None else [whole],
+        "title": tokenize(entry.title),
+        "description": tokenize(entry.description),
+        "params": tokens_of(param_texts(entry.input_schema)),
+        "annotations": annotation_tokens(entry.annotations),
+    }
+
+
+def server_fields(server: str, description: str, capabilities: Iterable[str]) -> dict[str, list[str]]:
+    """The tokens of the fields every tool of a server has: its name and operator metadata."""
+    return {
+        "server_name": tokenize(server),
+        "server_description": [*tokenize(description), *tokens_of(capabilities)],
+    }
+
+
+def card_fields(server_fields: Mapping[str, list[str]]) -> dict[str, list[str]]:
+    """A card's fields: on its own, the server's name and description weigh as a tool's."""
+    return {"name": server_fields["server_name"], "description": server_fields["server_description"]}
+
+
+def annotation_tokens(annotations: Mapping[str, Any] | None) -> list[str]:
+    """Tokens of a tool's annotations: each hint set to true as one token, and string values.
+
+    `readOnlyHint: true` gives `readonly`, not `read` + `only`: nearly every tool
+    carries hints, and splitting them would make "read" or "open" look common
+    in the catalog and weigh them down in every query. ("read only" still
+    prefix-matches `readonly`.)
+    """
+    if not annotations:
+        return []
+    tokens: list[str] = []
+    for key in sorted(annotations):
+        value = annotations[key]
+        if value is True:
+            joined = "".join(tokenize(key.removesuffix("Hint")))
+            if joined:
+                tokens.append(joined)
+        elif isinstance(value, str):
+            tokens.extend(tokenize(value))
+    return tokens
+
+
+def tokens_of(texts: Iterable[str]) -> list[str]:
+    return [token for text in texts for token in tokenize(text)]
+
+
+def param_texts(schema: Mapping[str, Any]) -> list[str]:
+    """The input schema's top-level property names and their descriptions, in name order."""
+    props = schema.get("properties")
+    if not isinstance(props, dict):
+        return []
+    texts: list[str] = []
+    for name in sorted(props):
+        texts.append(str(name))
+        spec = props[name]
+        if isinstance(spec, dict) and isinstance(spec.get("description"), str):
+            texts.append(spec["description"])
+    return texts

@@ -1,0 +1,52 @@
+"""`--explain`: how a tool's score for a query is made, term by term (the sum is the score)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from aggregator.catalog.search.query import QueryTerm
+from aggregator.catalog.search.scoring import FIELDS
+
+ScaledTerms = Callable[[str, bool], list[tuple[str, str, float]]]  # (token, partial) → (term, tier, idf × factor)
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """One query term's part of a tool's score (`ToolSearchIndex.explain`)."""
+
+    query_term: str
+    origin: str  # "query", "stop word" or "lexicon: <query word>"
+    term: str  # the vocabulary term it matched
+    tier: str  # exact, stem, prefix or substring
+    fields: tuple[str, ...]  # the tool's fields holding that term
+    contribution: float
+
+
+def explain(
+    qterms: Sequence[QueryTerm],
+    scaled_terms: ScaledTerms,
+    doc_terms: Mapping[str, float],
+    fields: Mapping[str, list[str]],
+    tie: float,
+) -> list[Match]:
+    """Per query term (by query word, sorted), the vocabulary term of the document that counted,
+    its tier, the fields holding it, and what it added: the best of a word's group in full,
+    the others at the share `tie`, as the ranking adds them (`retrieval.group_values`)."""
+    matches = []
+    for word in sorted({q.word for q in qterms}):
+        found = []
+        for qterm in (q for q in qterms if q.word == word):
+            best: tuple[float, str, str] | None = None
+            for term, tier, scale in scaled_terms(qterm.token, qterm.partial):
+                weight = doc_terms.get(term)
+                if weight is not None and (best is None or qterm.weight * scale * weight > best[0]):
+                    best = (qterm.weight * scale * weight, term, tier)
+            if best is not None:
+                found.append((qterm, best))
+        top = max(found, key=lambda item: item[1][0], default=None)
+        for qterm, (value, term, tier) in found:
+            share = 1.0 if (qterm, (value, term, tier)) == top else tie
+            holding = tuple(f for f in FIELDS if term in fields.get(f, ()))
+            matches.append(Match(qterm.token, qterm.origin, term, tier, holding, share * value))
+    return matches

@@ -1,0 +1,379 @@
+"""Incremental inverted index and deterministic ranking of `catalog_search_tools` (DESIGN §2.2).
+
+Documents are the exposed tools of every loaded catalog plus one *server card*
+per upstream whose catalog is not loaded (its name and operator metadata). A
+card lets `load: false` searches point at servers not started yet, and keeps
+tool and server scores on one scale.
+
+A tool's score is BM25F over its fields (`scoring.py`), summed over the
+query's terms (`query.py`) at the tier each matches (`vocabulary.py`); the top
+k are found without scoring every match (`retrieval.py`).
+
+Ties break on (server, tool). No randomness, no model: the same catalog content
+and query always give the same floats and the same order.
+
+Everything is updated incrementally when one upstream's catalog loads, changes
+or goes away: postings per token, the vocabulary's stem and gram tables, and
+the document frequencies; cached query work is dropped on every change.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from aggregator.catalog.model import Catalog, ToolEntry
+from aggregator.catalog.search.documents import card_fields, server_fields, tool_fields
+from aggregator.catalog.search.explain import Match, explain
+from aggregator.catalog.search.query import QueryTerm, query_terms
+from aggregator.catalog.search.retrieval import (
+    BIG,
+    NO_MATCH,
+    Level,
+    Source,
+    TokenStats,
+    TopK,
+    bulk_scores,
+    raise_to,
+    split_levels,
+    stats_size,
+    top,
+)
+from aggregator.catalog.search.scoring import (
+    DEFAULT_PARAMS,
+    TIER_NAMES,
+    RankingParams,
+    bm25f_terms,
+    field_frequencies,
+    idf,
+)
+from aggregator.catalog.search.tokens import identifiers, tokenize
+from aggregator.catalog.search.vocabulary import Tiers, Vocabulary
+from aggregator.catalog.store import CatalogStore
+
+Postings = dict[int, float]  # document id → the term's best field weight in that document
+_STATS_BUDGET = 400_000  # entries of per-token match tables kept between queries (~30 MB)
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A tool-level result: the tool, and its raw (unrounded) score."""
+
+    server: str
+    tool: str
+    score: float
+    entry: ToolEntry
+
+
+@dataclass(frozen=True, slots=True)
+class ServerHit:
+    """A server-level result: an upstream whose catalog is not loaded matched on its metadata."""
+
+    server: str
+    score: float
+    description: str
+    capabilities: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Doc:
+    server: str
+    tool: str | None  # None for a server card
+    entry: ToolEntry | None
+    terms: Mapping[str, float]
+
+
+class ToolSearchIndex:
+    """The search index over loaded catalogs and the metadata of configured upstreams."""
+
+    def __init__(self, params: RankingParams = DEFAULT_PARAMS) -> None:
+        self._p = params
+        self._docs: dict[int, _Doc] = {}  # tools have ids > 0, server cards ids < 0
+        self._tool_ids: dict[str, list[int]] = {}
+        self._card_ids: dict[str, int] = {}
+        self._meta: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self._catalogs: dict[str, Catalog] = {}
+        self._tool_postings: dict[str, Postings] = {}
+        self._card_postings: dict[str, Postings] = {}
+        self._doc_freq: Counter[str] = Counter()  # documents (tools and cards) holding each term
+        self._vocabulary = Vocabulary(params)
+        self._levels: dict[str, tuple[Level, ...]] = {}  # per term, dropped when its postings change
+        self._stats: dict[tuple[str, bool], TokenStats] = {}
+        self._stats_size = 0
+        self._next_id = 1
+
+    # ------------------------------------------------------------ following the catalogs
+
+    def attach(self, store: CatalogStore) -> Callable[[], None]:
+        """Index what `store` holds and follow its changes. Returns an unsubscribe function."""
+        for catalog in store.loaded().values():
+            self.load_catalog(catalog)
+        return store.subscribe(self._on_change)
+
+    def _on_change(self, server: str, catalog: Catalog | None) -> None:
+        if catalog is None:
+            self.drop_catalog(server)
+        else:
+            self.load_catalog(catalog)
+
+    def set_server_metadata(self, server: str, description: str | None, capabilities: Iterable[str]) -> None:
+        """An upstream's operator metadata: part of each of its tools, and its card while unloaded."""
+        self._meta[server] = ((description or "").strip(), tuple(capabilities))
+        if server in self._catalogs:
+            self.load_catalog(self._catalogs[server])
+        else:
+            self._set_card(server)
+
+    def has_server_metadata(self, server: str) -> bool:
+        return server in self._meta
+
+    def load_catalog(self, catalog: Catalog) -> None:
+        """(Re)index the exposed tools of one upstream's catalog, replacing what was there."""
+        server = catalog.server
+        self._remove_tools(server)
+        self._remove_card(server)
+        self._catalogs[server] = catalog
+        shared = field_frequencies(self._server_fields(server), self._p)
+        self._tool_ids[server] = [
+            self._add_doc(_Doc(server, entry.name, entry, bm25f_terms(tool_fields(entry), self._p, shared)))
+            for entry in catalog.exposed_tools
+        ]
+
+    def drop_catalog(self, server: str) -> None:
+        """Forget one upstream's tools; its card comes back if it has metadata."""
+        self._remove_tools(server)
+        self._catalogs.pop(server, None)
+        if server in self._meta:
+            self._set_card(server)
+
+    def loaded_servers(self) -> list[str]:
+        return sorted(self._catalogs)
+
+    @property
+    def document_count(self) -> int:
+        return len(self._docs)
+
+    @property
+    def vocabulary_size(self) -> int:
+        return len(self._doc_freq)
+
+    def clear_cache(self) -> None:
+        """Forget every cached lookup (rebuilt on demand); benchmarks measure cold searches so."""
+        self._levels.clear()
+        self._forget_queries()
+
+    def _forget_queries(self) -> None:
+        self._vocabulary.forget()
+        self._stats.clear()
+        self._stats_size = 0
+
+    # ------------------------------------------------------------ documents
+
+    def _server_fields(self, server: str) -> dict[str, list[str]]:
+        description, capabilities = self._meta.get(server, ("", ()))
+        return server_fields(server, description, capabilities)
+
+    def fields(self, entry: ToolEntry) -> dict[str, list[str]]:
+        """The tokens of each field of a tool, as indexed: its own and its server's."""
+        return {**tool_fields(entry), **self._server_fields(entry.server)}
+
+    def _set_card(self, server: str) -> None:
+        self._remove_card(server)
+        self._card_ids[server] = self._add_doc(
+            _Doc(server, None, None, bm25f_terms(card_fields(self._server_fields(server)), self._p))
+        )
+
+    def _remove_card(self, server: str) -> None:
+        doc_id = self._card_ids.pop(server, None)
+        if doc_id is not None:
+            self._remove_doc(doc_id)
+
+    def _remove_tools(self, server: str) -> None:
+        for doc_id in self._tool_ids.pop(server, []):
+            self._remove_doc(doc_id)
+
+    def _add_doc(self, doc: _Doc) -> int:
+        card = doc.tool is None
+        doc_id = -self._next_id if card else self._next_id
+        self._next_id += 1
+        self._docs[doc_id] = doc
+        postings_map = self._card_postings if card else self._tool_postings
+        doc_freq = self._doc_freq
+        for term, weight in doc.terms.items():
+            postings = postings_map.get(term)
+            if postings is None:
+                postings_map[term] = {doc_id: weight}
+            else:
+                postings[doc_id] = weight
+            if term in doc_freq:
+                doc_freq[term] += 1
+            else:
+                doc_freq[term] = 1
+                self._vocabulary.add(term)
+        self._forget_levels(doc.terms)
+        self._forget_queries()
+        return doc_id
+
+    def _remove_doc(self, doc_id: int) -> None:
+        doc = self._docs.pop(doc_id)
+        postings_map = self._card_postings if doc_id < 0 else self._tool_postings
+        for term in doc.terms:
+            postings = postings_map[term]
+            del postings[doc_id]
+            if not postings:
+                del postings_map[term]
+            self._doc_freq[term] -= 1
+            if not self._doc_freq[term]:
+                del self._doc_freq[term]
+                self._vocabulary.remove(term)
+        self._forget_levels(doc.terms)
+        self._forget_queries()
+
+    def _forget_levels(self, terms: Mapping[str, float]) -> None:
+        """Drop the cached levels of `terms`, whose postings changed."""
+        if self._levels:
+            for term in self._levels.keys() & terms.keys():
+                del self._levels[term]
+
+    # ------------------------------------------------------------ token lookup
+
+    def _token_stats(self, token: str, partial: bool = True) -> TokenStats:
+        """What `token` is worth in each document (cached until the index changes, oldest out first)."""
+        cached = self._stats.get((token, partial))
+        if cached is None:
+            cached = self._stats[token, partial] = self._compute_stats(token, partial)
+            self._stats_size += stats_size(cached)
+            while self._stats_size > _STATS_BUDGET and len(self._stats) > 1:
+                self._stats_size -= stats_size(self._stats.pop(next(iter(self._stats))))
+        return cached
+
+    def _doc_freqs(self, tiers: Tiers) -> list[int]:
+        """Documents matching at the exact tier, at prefix or better, at any tier."""
+        counts = [0, 0, 0]
+        for postings_map in (self._tool_postings, self._card_postings):
+            matched: set[int] = set()
+            for level, tier in enumerate(tiers):
+                for term, _ in tier:
+                    matched.update(postings_map.get(term, ()))
+                counts[level] += len(matched)
+        return counts
+
+    def _scaled_terms(self, token: str, partial: bool) -> list[tuple[str, str, float]]:
+        """(vocabulary term, tier name, idf × tier factor) of every term `token` matches."""
+        tiers = self._vocabulary.expand(token, partial)
+        doc_freqs = self._doc_freqs(tiers)
+        if not doc_freqs[2]:
+            return []
+        p = self._p
+        scaled: list[tuple[str, str, float]] = []
+        for level, (tier, df, factor) in enumerate(zip(tiers, doc_freqs, (1.0, p.prefix, p.substring), strict=True)):
+            if tier:
+                token_idf = idf(len(self._docs), df) * factor
+                for term, term_factor in tier:
+                    name = TIER_NAMES[level + 1] if level else TIER_NAMES[0 if term == token else 1]
+                    scaled.append((term, name, token_idf * term_factor))
+        return scaled
+
+    def _compute_stats(self, token: str, partial: bool) -> TokenStats:
+        scaled_terms = self._scaled_terms(token, partial)
+        if not scaled_terms:
+            return NO_MATCH
+        scaled = [(term, scale) for term, _, scale in scaled_terms]
+        # The longest postings list is read in place (its levels cached per term);
+        # the others are merged into one table, so a document is probed at most twice.
+        longest = max(scaled, key=lambda item: (len(self._tool_postings.get(item[0], ())), item[0]))[0]
+        sources: list[Source] = []
+        merged: dict[int, float] = {}
+        cards: dict[int, float] = {}
+        for term, scale in scaled:
+            table = self._tool_postings.get(term)
+            if table and term == longest and len(table) > BIG:
+                sources.append(Source(table, scale, self._term_levels(term, table)))
+            elif table:
+                raise_to(merged, table, scale)
+            raise_to(cards, self._card_postings.get(term, {}), scale)
+        if merged:
+            sources.append(Source(merged, 1.0, split_levels(merged), owned=True))
+        return TokenStats(tuple(sources), cards, 1.0)
+
+    def _term_levels(self, term: str, table: Postings) -> tuple[Level, ...]:
+        levels = self._levels.get(term)
+        if levels is None:
+            levels = self._levels[term] = split_levels(table)
+        return levels
+
+    # ------------------------------------------------------------ ranking
+
+    def query_terms(self, query: str) -> list[QueryTerm]:
+        """The weighted terms `query` searches for (its words, stop words, lexicon additions), sorted."""
+        p = self._p
+        present = self._present
+        return query_terms(tokenize(query) + identifiers(query), p.stop_word, p.expansion, p.expansion_absent, present)
+
+    def _present(self, token: str) -> bool:
+        return self._token_stats(token).weight > 0
+
+    def _query_groups(self, query: str) -> list[list[TokenStats]]:
+        """Per query word (sorted), the stats of it and its lexicon words that match anything,
+        each scaled by its query weight, in sorted term order."""
+        groups: dict[str, list[TokenStats]] = {}
+        for term in self.query_terms(query):
+            stats = self._token_stats(term.token, term.partial)
+            if stats.weight > 0:
+                groups.setdefault(term.word, []).append(stats.scaled(term.weight))
+        return [groups[word] for word in sorted(groups)]
+
+    def explain(self, query: str, server: str, tool: str) -> list[Match]:
+        """How the tool's score for `query` is made: per query term, the vocabulary term that
+        counted, its tier, the fields holding it, and what it added (the sum is the score)."""
+        doc = next((self._docs[d] for d in self._tool_ids.get(server, []) if self._docs[d].tool == tool), None)
+        if doc is None or doc.entry is None:
+            return []
+        qterms = self.query_terms(query)
+        return explain(qterms, self._scaled_terms, doc.terms, self.fields(doc.entry), self._p.lexicon_tie)
+
+    def search(self, query: str, limit: int) -> list[Hit]:
+        """The best `limit` exposed tools of loaded catalogs, by score, ties on (server, tool)."""
+        groups = self._query_groups(query)
+        if not groups or limit <= 0:
+            return []
+        scored = TopK([tuple(m.sources for m in g) for g in groups], limit, self._p.lexicon_tie).run()
+        hits = []
+        for doc_id, score in top(list(scored.items()), limit, self._names):
+            doc = self._docs[doc_id]
+            assert doc.entry is not None and doc.tool is not None
+            hits.append(Hit(doc.server, doc.tool, score, doc.entry))
+        return hits
+
+    def all_scores(self, query: str) -> dict[tuple[str, str], float]:
+        """The score of every matching exposed tool, by (server, tool), without pruning.
+
+        `search` returns the best of these; tests and diagnostics compare against it.
+        """
+        groups = [tuple(m.sources for m in g) for g in self._query_groups(query)]
+        matched = {d for group in groups for member in group for source in member for d in source.table}
+        scores = bulk_scores(matched, groups, self._p.lexicon_tie)
+        docs = self._docs
+        return {(docs[d].server, docs[d].tool or ""): score for d, score in scores.items()}
+
+    def _names(self, doc_id: int) -> tuple[str, str]:
+        """(server, tool) of a document, the order of equal scores; a card's tool is ""."""
+        doc = self._docs[doc_id]
+        return doc.server, doc.tool or ""
+
+    def search_servers(self, query: str, servers: Iterable[str]) -> list[ServerHit]:
+        """Upstreams among `servers` whose catalog is not loaded and whose name or metadata matches."""
+        wanted = {self._card_ids[s] for s in servers if s in self._card_ids}
+        word_groups = self._query_groups(query)
+        if not word_groups or not wanted:
+            return []
+        found = {d for g in word_groups for m in g for d in m.cards if d in wanted}
+        groups = [tuple((Source(m.cards, 1.0, ()),) for m in g) for g in word_groups]
+        scored = bulk_scores(found, groups, self._p.lexicon_tie)
+        hits = []
+        for doc_id, score in top(list(scored.items()), len(scored), self._names):
+            server = self._docs[doc_id].server
+            description, capabilities = self._meta.get(server, ("", ()))
+            hits.append(ServerHit(server, score, description, capabilities))
+        return hits

@@ -1,0 +1,106 @@
+"""`aggregator init`, `add`, `remove`: the config edited from a shell, comments and order kept."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from aggregator.config import load_config, user_config_file
+from aggregator.config.editing import STARTER
+from tests.conftest import EXAMPLES, run_main
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A user with no config yet, working in an empty project folder."""
+    home = tmp_path / "home"
+    (home / "project").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.delenv("AGGREGATOR_CONFIG", raising=False)
+    monkeypatch.chdir(home / "project")
+    return home
+
+
+def test_init_writes_a_commented_starter_once(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    done = run_main(capsys, "init", "--no-import")
+    path = user_config_file()
+    assert done.returncode == 0 and str(path) in done.stdout and "aggregator add" in done.stdout
+    assert path.read_text() == STARTER and load_config().upstreams == {}
+    path.write_text(STARTER + "  mine: {command: x}\n")
+    again = run_main(capsys, "init")
+    assert again.returncode == 0 and "already exists; nothing changed" in again.stdout
+    assert path.read_text() == STARTER + "  mine: {command: x}\n"
+
+
+def test_init_imports_what_the_clients_have(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (home / ".cursor").mkdir()
+    (home / ".cursor/mcp.json").write_text(json.dumps({"mcpServers": {"time": {"command": "uvx", "args": ["t"]}}}))
+    offered = run_main(capsys, "init", "--no-import")  # stdin is not a terminal: no question, a hint
+    assert "your clients have 1 server; import them with: aggregator import --write" in offered.stdout
+    user_config_file().unlink()
+    done = run_main(capsys, "init", "--import")
+    assert done.returncode == 0 and "imported 1 server: time" in done.stdout, done
+    text = user_config_file().read_text()
+    assert text.startswith(STARTER) and load_config().upstreams["time"].args == ["t"]
+
+
+def test_add_and_remove_keep_comments_and_order(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    kit = ["--", sys.executable, str(EXAMPLES / "testkit.py")]
+    assert run_main(capsys, "add", "kit", "--description", "test server", *kit).returncode == 0
+    assert run_main(capsys, "add", "docs", "https://example.com/mcp").returncode == 0
+    path = user_config_file()
+    path.write_text(path.read_text().replace("\n  docs:", "\n  # my remote docs\n  docs:"))
+    done = run_main(capsys, "add", "git", "--env", "A=1", "--", "uvx", "mcp-server-git", "--repository", ".")
+    assert done.returncode == 0 and f"--repository {home / 'project'}" in done.stdout
+    config = load_config()
+    text = path.read_text()
+    assert text.index("\n  kit:") < text.index("\n  docs:") < text.index("\n  git:")  # in the order added
+    assert config.upstreams["git"].args == ["mcp-server-git", "--repository", str(home / "project")]
+    assert config.upstreams["git"].env == {"A": "1"} and config.upstreams["kit"].description == "test server"
+    assert config.upstreams["docs"].url == "https://example.com/mcp"
+    assert "# my remote docs" in text and text.startswith(STARTER)
+
+    called = run_main(capsys, "call", "kit", "echo", "message=hello")  # what was added works at once
+    assert (called.returncode, called.stdout) == (0, "hello\n"), called.stderr
+
+    assert run_main(capsys, "remove", "DOCS").returncode == 0  # names match ignoring case
+    text = path.read_text()
+    assert "\n    url: https://example.com/mcp" not in text and "# my remote docs" in text
+    assert set(load_config().upstreams) == {"kit", "git"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "parts"),
+    [
+        (["add", "kit", "--", "other"], ["already has an upstream named 'kit'", "--replace", "aggregator remove kit"]),
+        (["add", "bad name", "--", "x"], ["not a valid upstream name"]),
+        (["add", "Aggregator", "--", "x"], ["reserved"]),
+        (["add", "x", "npx", "-y", "pkg"], ["put -- before the server's command"]),
+        (["add", "x", "--", "cmd", "--env", "novalue"], []),  # after --, --env is the server's own argument
+        (["remove", "kti"], ["no upstream named 'kti'", "did you mean 'kit'?", "known: kit"]),
+    ],
+)
+def test_edit_mistakes_change_nothing(
+    home: Path, capsys: pytest.CaptureFixture[str], argv: list[str], parts: list[str]
+) -> None:
+    assert run_main(capsys, "add", "kit", "--", "somecmd").returncode == 0
+    before = user_config_file().read_text()
+    done = run_main(capsys, *argv)
+    if not parts:
+        assert done.returncode == 0 and load_config().upstreams["x"].args == ["--env", "novalue"]
+        return
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert all(part in done.stderr for part in parts), done.stderr
+    assert user_config_file().read_text() == before
+
+
+def test_add_replace(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_main(capsys, "add", "kit", "--", "one")
+    run_main(capsys, "add", "other", "--", "two")
+    done = run_main(capsys, "add", "kit", "--replace", "--", "three")
+    assert done.returncode == 0 and "replaced kit" in done.stdout
+    assert {name: u.command for name, u in load_config().upstreams.items()} == {"other": "two", "kit": "three"}
