@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -47,3 +49,21 @@ def write_atomically(path: Path, payload: bytes, before_replace: Callable[[int],
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def read_regular_file(path: Path, limit: int) -> bytes:
+    """At most `limit` + 1 bytes of `path`, which must be a regular file (through symlinks).
+
+    Opened without blocking, so a FIFO, a socket or a device where a file should be is refused
+    at once (`OSError` EINVAL) instead of hanging the reader forever. `FileNotFoundError` passes.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            return file.read(limit + 1)
+    finally:
+        os.close(fd)

@@ -5,6 +5,11 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 
+def count(number: int, noun: str, plural: str | None = None) -> str:
+    """`1 tool`, `2 tools` (`plural` when adding an s is wrong)."""
+    return f"{number} {noun if number == 1 else plural or noun + 's'}"
+
+
 def render_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int] = ()) -> str:
     """Columns padded to their widest cell (the last one left ragged), a dashed rule under the header.
 

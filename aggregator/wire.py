@@ -20,7 +20,31 @@ def parse_line(line: bytes, peer: str) -> SessionMessage | Exception:
 
 
 def encode(message: SessionMessage) -> bytes:
-    return message.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+    """The message as one line; one that cannot be serialised never ends the session.
+
+    An answer that cannot be serialised (a lone surrogate that got past `safetext.scrub`, a value
+    JSON has no form for) is replaced by an error answer for the same id; any other message is
+    dropped with a warning (empty bytes: nothing to write; a writer may then answer a request itself).
+    """
+    try:
+        return message.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+    except (ValueError, TypeError, UnicodeError) as exc:
+        return _unsendable(message.message, exc)
+
+
+def _unsendable(message: types.JSONRPCMessage, exc: Exception) -> bytes:
+    log.warning("a message could not be serialised", kind=type(message).__name__, error=str(exc).splitlines()[0][:200])
+    if not isinstance(message, types.JSONRPCResponse | types.JSONRPCError) or message.id is None:
+        return b""
+    error = error_answer(message.id, "the answer could not be serialised as JSON")
+    return error.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+
+
+def error_answer(request_id: types.RequestId, text: str) -> types.JSONRPCError:
+    """An internal-error answer to `request_id`."""
+    return types.JSONRPCError(
+        jsonrpc="2.0", id=request_id, error=types.ErrorData(code=types.INTERNAL_ERROR, message=text)
+    )
 
 
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024

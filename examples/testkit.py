@@ -26,6 +26,7 @@ Flags:
   --startup-delay S    sleep S seconds before serving, as a launcher (npx, uvx) would
   --list-changed-storm send ``tools/list_changed`` after every ``tools/list`` answer
   --extra-tools PATH   also list the tool definitions in this JSON file (a list), however broken
+  --extra-prompts PATH also list the prompts in this JSON file (a list); getting one answers its description
   --deep-tool N        also list a tool ``deep`` whose inputSchema is nested N levels
   --print-env NAME     write the value of environment variable NAME to stderr at start
   --grandchild-setsid  the grandchild calls setsid(): it leaves our process group
@@ -305,7 +306,11 @@ class Wire:
         self._lock = threading.Lock()
 
     def send(self, message: dict[str, Any]) -> None:
-        self.send_raw(json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n")
+        try:
+            line = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode()
+        except UnicodeEncodeError:  # a lone surrogate: sent as the \\udXXX escape JSON allows
+            line = json.dumps(message, separators=(",", ":")).encode()
+        self.send_raw(line + b"\n")
 
     def send_raw(self, data: bytes, request_id: Any = None) -> None:
         """Write bytes as they are (`request_id`: the request they answer, if its id may be garbled)."""
@@ -357,6 +362,10 @@ def log(text: str) -> None:
 
 def text_block(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text}
+
+
+def text_block_message(prompt: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "user", "content": text_block(str(prompt.get("description")))}
 
 
 def text_result(text: str) -> dict[str, Any]:
@@ -522,7 +531,11 @@ class Testkit:
 
     def all_prompts(self) -> list[dict[str, Any]]:
         """The prompts; with --malformed also one whose arguments are not a list."""
-        return PROMPTS + ([{"name": "bad_prompt", "arguments": 5}] if self.opts.malformed else [])
+        extra: list[dict[str, Any]] = []
+        if self.opts.extra_prompts:
+            with open(self.opts.extra_prompts) as fh:
+                extra = json.load(fh)
+        return PROMPTS + extra + ([{"name": "bad_prompt", "arguments": 5}] if self.opts.malformed else [])
 
     def all_tools(self) -> list[dict[str, Any]]:
         with self.state_lock:
@@ -568,9 +581,11 @@ class Testkit:
     def get_prompt(self, params: dict[str, Any]) -> dict[str, Any]:
         name = params.get("name")
         args = params.get("arguments") or {}
-        prompt = next((p for p in PROMPTS if p["name"] == name), None)
+        prompt = next((p for p in self.all_prompts() if p["name"] == name), None)
         if prompt is None:
             raise RpcError(INVALID_PARAMS, f"Unknown prompt: {name}")
+        if prompt not in PROMPTS:
+            return {"description": prompt.get("description"), "messages": [text_block_message(prompt)]}
         for argument in prompt["arguments"]:
             if argument["required"] and argument["name"] not in args:
                 raise RpcError(INVALID_PARAMS, f"Missing required argument: {argument['name']}")
@@ -785,6 +800,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ignore-cancel", action="store_true", help="answer cancelled calls anyway")
     parser.add_argument("--event-log", help="append a line per notable event (cancellations, listings) to this file")
     parser.add_argument("--list-changed-storm", action="store_true", help="list_changed after every tools/list")
+    parser.add_argument("--extra-prompts", help="JSON file with a list of extra prompt definitions")
     parser.add_argument("--extra-tools", help="JSON file with a list of extra (possibly broken) tool definitions")
     parser.add_argument("--deep-tool", type=int, default=0, help="list a tool whose schema is nested N levels")
     parser.add_argument("--print-env", help="write the value of this environment variable to stderr at start")

@@ -1,6 +1,6 @@
 """A protected MCP server with its own OAuth authorization server, for the OAuth tests.
 
-    python tests/oauth_server.py PORT [--token-seconds N] [--resource URL] [--scopes a,b]
+    python tests/oauth_server.py PORT [--token-seconds N] [--resource URL] [--scopes a,b] [--sse]
 
 Built on the SDK's server-side auth (`mcp.server.auth`): RFC 9728 protected-resource metadata,
 RFC 8414 metadata, dynamic client registration, PKCE-checked authorization codes, refresh tokens,
@@ -116,9 +116,9 @@ class Provider:
         )
 
 
-def build(port: int, token_seconds: int, scopes: list[str]) -> MCPServer:
+def build(port: int, token_seconds: int, scopes: list[str], path: str = "/mcp") -> MCPServer:
     base = f"http://127.0.0.1:{port}"
-    announced = f"{base}/mcp"
+    announced = f"{base}{path}"
     provider = Provider(token_seconds, announced)
     server = MCPServer(
         "oauth-test",
@@ -156,9 +156,11 @@ def main() -> None:
     parser.add_argument("--token-seconds", type=int, default=3600)
     parser.add_argument("--resource")
     parser.add_argument("--scopes", default="")
+    parser.add_argument("--sse", action="store_true", help="serve legacy HTTP+SSE at /sse instead of /mcp")
     args = parser.parse_args()
-    server = build(args.port, args.token_seconds, [s for s in args.scopes.split(",") if s])
-    app: Any = server.streamable_http_app(host="127.0.0.1")
+    scopes = [s for s in args.scopes.split(",") if s]
+    server = build(args.port, args.token_seconds, scopes, "/sse" if args.sse else "/mcp")
+    app: Any = server.sse_app(host="127.0.0.1") if args.sse else server.streamable_http_app(host="127.0.0.1")
     if args.resource:
         app = announcing(app, args.port, args.resource)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")

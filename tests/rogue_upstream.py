@@ -4,10 +4,11 @@ It does what a compromised or buggy server would: returns resource links to URIs
 owns, asks its client for things long after a call ended, floods its client with requests, logs
 during calls, and answers `prompts/get` slowly (so a reload can catch one in flight).
 
-Tools: `link {uri}` returns a resource_link to `uri`; `later {method, delay}` answers at once, then
+Tools: `pid`; `link {uri}` returns a resource_link to `uri`; `later {method, delay}` answers at once, then
 `delay` seconds later sends `method` to its client and appends the outcome to `--record`; `flood {n,
 method, params}` sends `n` requests at once and answers with how many got results and errors; `log
-{text, seconds}` sends a log message, then answers after `seconds`.
+{text, seconds}` sends a log message, then answers after `seconds`. `logging/setLevel` is noted in
+`--record` with the pid that got it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 import threading
 import time
@@ -22,7 +24,7 @@ from typing import Any
 
 TOOLS = [
     {"name": name, "description": f"rogue {name}", "inputSchema": {"type": "object"}}
-    for name in ("link", "later", "flood", "log")
+    for name in ("link", "later", "flood", "log", "pid")
 ]
 
 
@@ -81,7 +83,10 @@ class Rogue:
             result = {"contents": [{"uri": params.get("uri"), "text": "from rogue"}]}
         elif method == "tools/call":
             result = self.call(params.get("name"), params.get("arguments") or {})
-        elif method in ("ping", "logging/setLevel"):
+        elif method == "logging/setLevel":
+            self.note({"setLevel": params.get("level"), "pid": os.getpid()})
+            result = {}
+        elif method == "ping":
             result = {}
         else:
             self.send({"id": message["id"], "error": {"code": -32601, "message": f"no {method}"}})
@@ -89,6 +94,8 @@ class Rogue:
         self.send({"id": message["id"], "result": result})
 
     def call(self, name: Any, args: dict[str, Any]) -> dict[str, Any]:
+        if name == "pid":
+            return text(str(os.getpid()))
         if name == "link":
             return {"content": [{"type": "resource_link", "uri": args["uri"], "name": "bait"}]}
         if name == "later":
@@ -111,10 +118,13 @@ class Rogue:
 
     def ask_later(self, method: str, delay: float) -> None:
         time.sleep(delay)
-        outcome = self.ask(method, {}, 20)
+        self.note(self.ask(method, {}, 20))
+
+    def note(self, line: dict[str, Any]) -> None:
+        """Append one JSON line to `--record`, if given."""
         if self.record:
-            with open(self.record, "a") as out:
-                out.write(json.dumps(outcome) + "\n")
+            with self.lock, open(self.record, "a") as out:
+                out.write(json.dumps(line) + "\n")
 
     def flood(self, n: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
         answers: list[dict[str, Any]] = []

@@ -32,10 +32,6 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
         ("upstreams:\n  aggregator:\n    command: uvx\n", "aggregator"),
         ("upstreams:\n  'bad name':\n    command: uvx\n", "bad name"),
         ("upstreams:\n  git:\n    command: uvx\n    args: 5\n", "upstreams.git.args"),
-        (
-            "upstreams:\n  git:\n    command: uvx\n    env: {T: '${UNSET_VAR_FOR_TEST}'}\n",
-            "UNSET_VAR_FOR_TEST",
-        ),
     ],
 )
 def test_config_errors_exit_2_with_file_key_and_fix(tmp_path: Path, text: str, expected: str) -> None:

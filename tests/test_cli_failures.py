@@ -8,6 +8,9 @@ user runs it (a subprocess).
 from __future__ import annotations
 
 import argparse
+import json
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +18,17 @@ from pathlib import Path
 import pytest
 
 from aggregator.cli.commands import build_parser
-from tests.conftest import kit_upstream, run_main, write_config
+from aggregator.table import count
+from tests.conftest import (
+    aggregator_client,
+    aggregator_env,
+    free_port,
+    kit_upstream,
+    run_main,
+    structured,
+    wait_for_port,
+    write_config,
+)
 from tests.test_cli import run_cli
 
 
@@ -65,7 +78,7 @@ def test_an_upstream_that_cannot_start_is_one_line_exit_1(
 @pytest.mark.parametrize(
     ("argv", "parts"),
     [
-        (["serch", "time"], ["'serch'", "did you mean 'search'?", "aggregator --help"]),
+        (["serch", "time"], ["unknown command 'serch'", "did you mean 'search'?", "aggregator --help"]),
         (["install", "curser"], ["did you mean 'cursor'?"]),
         (["uninstall", "vscod"], ["did you mean 'vscode'?"]),
         (["import", "curser"], ["'curser' is neither a client nor a file", "did you mean 'cursor'?"]),
@@ -114,3 +127,99 @@ def test_every_subcommand_and_option_has_help() -> None:
     assert missing == []
     for name, sub in commands.choices.items():
         assert sub.description, f"{name} has no description"
+
+
+def half_broken(directory: Path) -> Path:
+    """kit, and two entries unusable here: an unset variable (as after importing Cursor's `${env:DOCS_TOKEN}`)
+    and a VS Code `${input:...}` prompt."""
+    return write_config(
+        directory,
+        {
+            "kit": kit_upstream(),
+            "docs": {"url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer ${FD_UNSET_TOKEN}"}},
+            "vs": {"command": "x", "args": ["${input:token}"]},
+        },
+    )
+
+
+def test_an_unusable_entry_disables_that_upstream_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = half_broken(tmp_path)
+    done = run_main(capsys, "call", "kit", "echo", "message=hi", "--config", str(config))
+    assert (done.returncode, done.stdout) == (0, "hi\n"), done.stderr
+    warnings = done.stderr.splitlines()
+    assert len(warnings) == 2 and "upstream docs disabled" in warnings[0] and "FD_UNSET_TOKEN" in warnings[0]
+    assert "upstream vs disabled" in warnings[1] and "aggregator doctor" in warnings[1]
+    listed = run_main(capsys, "list-upstreams", "--config", str(config), "--json")
+    states = {row["name"]: row["state"] for row in json.loads(listed.stdout)["upstreams"]}
+    assert listed.returncode == 0 and states == {"kit": "configured", "docs": "disabled", "vs": "disabled"}
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("upstreams:\n  kit: {comand: x}\n")  # a broken file as a whole still exits 2
+    assert run_main(capsys, "tools", "--config", str(broken)).returncode == 2
+
+
+async def test_serve_warns_and_serves_the_others(tmp_path: Path) -> None:
+    with (tmp_path / "err.log").open("w") as errlog:
+        async with aggregator_client(half_broken(tmp_path), errlog=errlog) as session:
+            servers = structured(await session.call_tool("catalog_list_servers", {}))["servers"]
+            assert [s["name"] for s in servers] == ["kit"]
+    log = (tmp_path / "err.log").read_text()
+    assert log.count("upstream disabled") == 2 and "upstream=docs" in log and "upstream=vs" in log
+
+
+SERVE_HTTP = [sys.executable, "-m", "aggregator", "serve", "--transport", "http"]
+
+
+def test_serve_http_says_where_and_stops_cleanly(tmp_path: Path) -> None:
+    """The URL (and where the token comes from) on start; SIGTERM with ready, idle upstreams logs no failure."""
+    config = write_config(tmp_path, {"kit": kit_upstream(start="eager"), "two": kit_upstream(start="eager")})
+    port = free_port()
+    proc = subprocess.Popen(
+        [*SERVE_HTTP, "--port", str(port), "--config", str(config), "--log-level", "info"],
+        stderr=subprocess.PIPE,
+        env=aggregator_env(),
+    )
+    try:
+        assert proc.stderr is not None
+        banner = proc.stderr.readline().decode()
+        assert f"serving MCP at http://127.0.0.1:{port}/mcp" in banner and "AGGREGATOR_TOKEN" in banner
+        wait_for_port(port, proc)
+        ready: list[str] = []
+        while len(ready) < 2:  # both upstreams up and idle
+            line = proc.stderr.readline().decode()
+            assert line, "the aggregator ended early"
+            ready += [line] if "upstream ready" in line else []
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0
+    log = rest.decode()
+    assert "stopping on signal" in log
+    assert not [line for line in log.splitlines() if "level=warning" in line or "level=error" in line], log
+
+
+def test_plurals_and_units(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (count(1, "tool"), count(0, "tool"), count(2, "entry", "entries")) == ("1 tool", "0 tools", "2 entries")
+    config = write_config(tmp_path, {"kit": kit_upstream()})
+    done = run_main(capsys, "list-upstreams", "--probe", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    assert "probed 1 upstream in " in done.stdout and " s; 1 ready" in done.stdout
+    row = next(line for line in done.stdout.splitlines() if line.startswith("kit "))
+    assert re.search(r"\d\.\d\d s", row), row  # the handshake with its unit
+    refreshed = run_main(capsys, "refresh", "--config", str(config))
+    assert "refreshed 1 of 1 snapshot in " in refreshed.stdout
+
+
+def test_an_unexpected_error_is_one_line_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last guard: whatever no command handled (here a bug, injected) is one line and exit 1."""
+    import aggregator.cli.calls as calls
+
+    async def broken(*_args: object) -> int:
+        raise RuntimeError("injected\nsecond line")
+
+    monkeypatch.setattr(calls, "_tools", broken)
+    config = write_config(tmp_path, {"kit": kit_upstream()})
+    one_line(run_main(capsys, "tools", "--config", str(config)), 1, "unexpected RuntimeError: injected", "report")

@@ -33,7 +33,7 @@ def parse(text: str, environ: dict[str, str] | None = None, source: str = "/cfg/
 
 def error_of(text: str, environ: dict[str, str] | None = None, source: str = "/cfg/aggregator.yaml") -> ConfigError:
     with pytest.raises(ConfigError) as info:
-        parse(text, environ, source)
+        parse_config(textwrap.dedent(text), source, environ=environ or {}, strict=True)
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith(source)
@@ -647,7 +647,8 @@ def test_upstream_config_rejects_inconsistent_construction() -> None:
 def test_example_config_parses() -> None:
     environ = {"DOCS_TOKEN": "example-token", "HOME": "/home/u"}
     config = load_config(ROOT / "config" / "example.yaml", environ=environ, cwd=ROOT)
-    assert set(config.upstreams) == {"docs", "files", "git", "legacy"}
+    assert set(config.upstreams) == {"docs", "files", "git", "legacy", "tracker"}
+    assert config.upstreams["tracker"].auth == "oauth" and config.upstreams["tracker"].scopes == ["issues:read"]
     docs = config.upstreams["docs"]
     assert docs.headers == {"Authorization": "Bearer example-token"}
     assert docs.expose == "direct" and docs.start == "eager"
@@ -657,10 +658,28 @@ def test_example_config_parses() -> None:
     assert config.upstreams["git"].timeouts == Timeouts(connect=10, call=120)
 
 
-def test_example_config_needs_docs_token() -> None:
-    with pytest.raises(ConfigError) as info:
-        load_config(ROOT / "config" / "example.yaml", environ={"HOME": "/h"}, cwd=ROOT)
-    assert info.value.key == "upstreams.docs.headers.Authorization"
+def test_example_config_without_docs_token_serves_the_others() -> None:
+    config = load_config(ROOT / "config" / "example.yaml", environ={"HOME": "/h"}, cwd=ROOT)
+    assert set(config.upstreams) == {"files", "git", "legacy"}
+    assert list(config.broken) == ["docs"]
+    assert config.broken["docs"].startswith("upstreams.docs.headers.Authorization: ")
+    assert "DOCS_TOKEN is not set" in config.broken["docs"] and "Fix: " in config.broken["docs"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ("{url: 'http://h/mcp', headers: {A: 'Bearer ${UNSET_TOKEN}'}}", "UNSET_TOKEN is not set"),
+        ("{command: x, args: ['${input:key}']}", "${input:...}"),
+        ("{url: 'ws://h', transport: websocket}", "unknown transport 'websocket'"),
+    ],
+)
+def test_an_entry_unusable_here_disables_that_upstream_alone(entry: str, problem: str) -> None:
+    config = parse(f"upstreams:\n  bad: {entry}\n  good: {{command: y}}\n")
+    assert list(config.upstreams) == ["good"] and problem in config.broken["bad"]
+    assert "sk-" not in config.broken["bad"]
+    with pytest.raises(ConfigError):  # a typo is still the whole file's problem
+        parse(f"upstreams:\n  bad: {entry}\n  good: {{comand: y}}\n")
 
 
 def test_default_config_runs_the_examples_with_this_interpreter() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,8 @@ def test_unwritable_data_dir_is_a_problem(tmp_path: Path) -> None:
 def test_clients_that_start_the_aggregator_are_named(tmp_path: Path) -> None:
     cursor = tmp_path / "home" / ".cursor" / "mcp.json"
     cursor.parent.mkdir(parents=True)
-    cursor.write_text('{"mcpServers": {"aggregator": {"command": "/usr/local/bin/aggregator", "args": ["serve"]}}}')
+    entry = {"command": sys.executable, "args": ["-m", "aggregator", "serve"]}  # a command that exists
+    cursor.write_text(json.dumps({"mcpServers": {"aggregator": entry}}))
     config = write_config(tmp_path, {})
     code, found, _ = run_doctor(tmp_path, "--config", str(config))
     assert code == 0 and any(

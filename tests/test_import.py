@@ -284,3 +284,21 @@ def test_import_never_writes_into_a_broken_config_and_reports_broken_clients(tmp
     assert "wind" in done.stdout and "docs" in done.stdout
     typo = run_import(places, "cursor", "nope")  # a word that is neither a client nor a file: a usage mistake
     assert typo.returncode == 2 and "'nope' is neither a client nor a file" in typo.stderr
+
+
+def test_claude_code_local_scope_and_project_files_keep_their_project(tmp_path: Path) -> None:
+    """`claude mcp add` writes ~/.claude.json projects.<dir>.mcpServers; project servers run in the project."""
+    places, config = home_with_config(tmp_path)
+    project = str(places.cwd.absolute())
+    claude = json.loads((places.home / ".claude.json").read_text())
+    local = {"command": "uvx", "args": ["mcp-server-git", "--repository", "."]}
+    claude["projects"] = {project: {"mcpServers": {"local-git": local}}, "/elsewhere": {"mcpServers": {"no": local}}}
+    (places.home / ".claude.json").write_text(json.dumps(claude))
+    (places.cwd / ".mcp.json").write_text(json.dumps({"mcpServers": {"site": {"command": "node", "args": ["b.js"]}}}))
+    assert servers_of(places, "claude-code", "local") == {"local-git": {**local, "cwd": project}}
+    assert servers_of(places, "claude-code", "project")["site"]["cwd"] == project
+    done = run_import(places, "claude-code", "--write")
+    assert done.returncode == 0, done.stderr
+    upstreams = load_config(config, environ={}).upstreams
+    assert upstreams["local-git"].cwd == project and upstreams["local-git"].args[-1] == "."
+    assert upstreams["site"].cwd == project and "no" not in upstreams and "code" in upstreams

@@ -19,6 +19,8 @@ from typing import Any
 import anyio
 import mcp.types as types
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -26,6 +28,7 @@ from mcp.shared.exceptions import MCPError
 
 from aggregator.config import ConfigError, parse_config
 from aggregator.proxy.relay import MAX_RELAYED_PER_CLIENT
+from aggregator.proxy.routing import ResourceRouter, TaskRouter
 from aggregator.sdk import raw_request
 from tests.conftest import (
     ROOT,
@@ -37,6 +40,7 @@ from tests.conftest import (
     wait_for_port,
     write_config,
 )
+from tests.test_routing import catalog
 from tests.test_serve_http import http_aggregator
 
 WAIT = 60
@@ -56,8 +60,9 @@ def call(server: str, tool: str, **arguments: Any) -> dict[str, Any]:
 class Host:
     """One client: answers sampling and elicitation (optionally held until released) and records all it hears."""
 
-    def __init__(self, tag: str, *, hold: bool = False) -> None:
+    def __init__(self, tag: str, *, hold: bool = False, roots: list[str] | None = None) -> None:
         self.tag = tag
+        self.roots_given = roots or ["file:///mine"]
         self.hold = hold
         self.release = anyio.Event()
         self.asked = anyio.Event()
@@ -83,11 +88,11 @@ class Host:
 
     async def elicitation(self, ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
         self.elicited.append(params.message)
-        return types.ElicitResult(action="accept", content={"response": self.tag})
+        return types.ElicitResult(action="accept", content={"response": self.tag, "interpretation": self.tag})
 
     async def roots(self, ctx: Any) -> types.ListRootsResult:
         self.rooted += 1
-        return types.ListRootsResult(roots=[types.Root(uri="file:///mine")])  # type: ignore[arg-type]
+        return types.ListRootsResult(roots=[types.Root(uri=uri) for uri in self.roots_given])  # type: ignore[arg-type]
 
     async def on_message(self, message: Any) -> None:
         if isinstance(message, types.LoggingMessageNotification):
@@ -171,7 +176,7 @@ async def test_a_stuck_call_never_blocks_another_clients_sampling_and_elicitatio
             # (the reference server checks a sampling result against a wrong schema, and says so, even
             # directly: the scenario only asks that the request reached the client and the tool answered)
             assert not sampled.is_error and "cannot tell" not in text(sampled)
-            assert text(elicited) == 'User response: action=accept, content={"response":"b"}'
+            assert text(elicited) == 'User response: action=accept, content={"response":"b","interpretation":"b"}'
             assert "action=accept" in text(enums)
             assert b.sampled == ["prompt of b"] and b.elicited[0] == "question for b"
             assert a.sampled == ["prompt of a"] and a.elicited == []  # a never heard b's requests
@@ -211,6 +216,38 @@ async def test_a_clients_own_session_ends_when_the_client_disconnects(tmp_path: 
                 await anyio.sleep(0.05)
 
 
+async def test_each_client_gives_its_own_roots_to_its_own_filesystem_server(tmp_path: Path) -> None:
+    """server-filesystem without a directory serves what its client's roots allow: per client, each
+    client's roots (and their changes) decide for that client alone."""
+    from tests.test_official_servers import TIMEOUTS, node_server
+
+    dirs = {name: tmp_path / name for name in ("a", "b", "c")}
+    for name, directory in dirs.items():
+        directory.mkdir()
+        (directory / "note.txt").write_text(f"in {name}")
+    files = node_server("server-filesystem", timeouts=TIMEOUTS, sessions="per-client", expose="direct")
+    config = write_config(tmp_path, {"files": files})
+    a, b = Host("a", roots=[dirs["a"].as_uri()]), Host("b", roots=[dirs["b"].as_uri()])
+
+    async def allowed(session: ClientSession, directory: Path) -> None:
+        with anyio.fail_after(WAIT):  # the server asks for roots after its handshake, on its own time
+            while str(directory) not in text(await session.call_tool("files__list_allowed_directories", {})):
+                await anyio.sleep(0.2)
+
+    async with two_clients(config, a, b) as (session_a, session_b):
+        await allowed(session_a, dirs["a"])
+        await allowed(session_b, dirs["b"])
+        denied = await session_a.call_tool("files__read_text_file", {"path": str(dirs["b"] / "note.txt")})
+        assert denied.is_error and "denied" in text(denied).lower()
+        a.roots_given = [dirs["c"].as_uri()]
+        await session_a.send_roots_list_changed()
+        await allowed(session_a, dirs["c"])
+        read = await session_a.call_tool("files__read_text_file", {"path": str(dirs["c"] / "note.txt")})
+        assert text(read) == "in c"
+        listed_b = text(await session_b.call_tool("files__list_allowed_directories", {}))
+        assert str(dirs["b"]) in listed_b and str(dirs["a"]) not in listed_b and str(dirs["c"]) not in listed_b
+
+
 # ---------------------------------------------------------------- 20.6: log messages
 
 
@@ -219,7 +256,7 @@ async def test_a_log_message_during_one_clients_call_reaches_only_that_client(tm
     a, b = Host("a"), Host("b")
     async with two_clients(config, a, b) as (session_a, session_b):
         await session_b.call_tool("catalog_list_servers", {})  # b is a known, idle client
-        await session_a.call_tool("catalog_call_tool", call("rogue", "log", text="secret of a", seconds=0.5))
+        await session_a.call_tool("catalog_call_tool", call("rogue", "log", text="secret of a", seconds=0))
         await session_b.call_tool("catalog_list_servers", {})  # anything for b would have arrived by now
         assert a.logs == ["secret of a"] and b.logs == []
         # both in flight on one shared session: the owner cannot be told, so nobody hears it
@@ -228,6 +265,17 @@ async def test_a_log_message_during_one_clients_call_reaches_only_that_client(tm
             await anyio.sleep(0.5)
             await session_a.call_tool("catalog_call_tool", call("rogue", "log", text="of a", seconds=0.5))
         assert "of b" not in a.logs and "of a" not in b.logs
+
+
+async def test_a_clients_logging_level_changes_only_its_own_upstream_sessions(tmp_path: Path) -> None:
+    record = tmp_path / "record.jsonl"
+    config = write_config(tmp_path, {"rogue": rogue("--record", str(record), sessions="per-client")})
+    async with two_clients(config, Host("a"), Host("b")) as (session_a, session_b):
+        pids = [text(await s.call_tool("catalog_call_tool", call("rogue", "pid"))) for s in (session_a, session_b)]
+        await session_a.set_logging_level("error")
+        await session_b.call_tool("catalog_list_servers", {})
+    noted = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [(n["setLevel"], str(n["pid"])) for n in noted] == [("error", pids[0])]  # b's process never heard it
 
 
 # ---------------------------------------------------------------- 20.5: tasks
@@ -252,6 +300,49 @@ async def test_tasks_belong_to_the_client_that_created_them(tmp_path: Path) -> N
             assert refused.value.code == types.INVALID_PARAMS
         assert (await raw_request(session_a, "tasks/get", {"taskId": task_id}))["taskId"] == task_id
         await raw_request(session_a, "tasks/cancel", {"taskId": task_id})
+
+
+async def test_a_tasks_request_goes_to_the_tasks_creator_while_other_clients_calls_are_in_flight(
+    tmp_path: Path,
+) -> None:
+    """One shared stdio session, calls of two clients in flight: the elicitation server-everything sends
+    for a task (`_meta` related-task) still reaches exactly the client that created the task."""
+    from tests.test_official_servers import TIMEOUTS, everything
+
+    config = write_config(tmp_path, {"everything": {**everything(), "timeouts": TIMEOUTS, "expose": "direct"}})
+    a, b = Host("a"), Host("b")
+    async with two_clients(config, a, b) as (session_a, session_b), anyio.create_task_group() as tg:
+        busy = {"name": "everything__trigger-long-running-operation", "arguments": {"duration": 6, "steps": 3}}
+        tg.start_soon(raw_request, session_b, "tools/call", busy)  # b's call stays in flight meanwhile
+        created = await raw_request(
+            session_a,
+            "tools/call",
+            {
+                "name": "everything__simulate-research-query",
+                "arguments": {"topic": "bats", "ambiguous": True},
+                "task": {"ttl": 60000},
+            },
+        )
+        with anyio.fail_after(WAIT):
+            result = await raw_request(session_a, "tasks/result", {"taskId": created["task"]["taskId"]})
+        assert a.elicited and b.elicited == []
+        assert "a" in json.dumps(result) and "elicitation unavailable" not in json.dumps(result)
+        tg.cancel_scope.cancel()  # b's call has served its purpose
+
+
+def test_the_same_task_id_minted_for_two_clients_stays_each_ones() -> None:
+    """Sessions per client: one upstream may give two clients the same task id."""
+    tasks = TaskRouter()
+    a, b = object(), object()
+    tasks.remember("up", {"task": {"taskId": "1"}}, a)
+    tasks.remember("up", {"task": {"taskId": "1"}}, b)
+    tasks.remember("other", {"task": {"taskId": "1"}}, a)
+    assert tasks.server_for("1", a) == "other" and tasks.server_for("1", b) == "up"
+    assert tasks.server_for("1", object()) is None and tasks.server_for("2", a) is None
+    assert tasks.creators("1", "up") == [a, b] and tasks.creators("1", "other") == [a]
+    for _ in range(20):  # bounded per id
+        tasks.remember("up", {"task": {"taskId": "1"}}, object())
+    assert len(tasks.creators("1", "up")) + len(tasks.creators("1", "other")) <= 8
 
 
 # ---------------------------------------------------------------- 20.7: requests outside a call
@@ -290,6 +381,33 @@ async def test_a_resource_link_of_another_upstream_never_reroutes_a_listed_uri(t
         assert item.contents[0].text == "item 3"  # type: ignore[union-attr]
         mine = await session.read_resource("rogue://only-mine")  # nobody else claims it: evil's link is readable
         assert mine.contents[0].text == "from rogue"  # type: ignore[union-attr]
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["fs", "git", "evil", "docs"]),
+        st.tuples(st.sets(st.sampled_from(["x://1", "x://2", "y://1"])), st.sets(st.sampled_from(["x://{n}"]))),
+        min_size=1,
+    ),
+    st.lists(
+        st.tuples(st.sampled_from(["fs", "git", "evil", "docs"]), st.sampled_from(["x://1", "x://2", "y://1", "z://1"]))
+    ),
+)
+def test_a_returned_link_never_takes_a_uri_from_the_upstreams_that_claim_it(
+    claims: dict[str, tuple[set[str], set[str]]], links: list[tuple[str, str]]
+) -> None:
+    """Whatever links upstreams return, a listed or templated URI resolves to one of its claimants."""
+    router = ResourceRouter(sorted(claims))
+    router.rebuild({s: catalog(s, resources=sorted(r), templates=sorted(t)) for s, (r, t) in claims.items()})
+    for server, uri in links:
+        router.remember(server, {"content": [{"type": "resource_link", "uri": uri, "name": "l"}]})
+    for uri in ("x://1", "x://2", "y://1", "z://1"):
+        listing = [s for s, (r, _t) in claims.items() if uri in r]
+        templating = [s for s, (_r, t) in claims.items() if t and uri.startswith("x://")]
+        claimants = listing or templating
+        last_link = next((s for s, u in reversed(links) if u == uri), None)
+        expected = claimants if claimants else ([last_link] if last_link else [None])
+        assert router.resolve(uri) in expected
 
 
 # ---------------------------------------------------------------- 20.9 and 20.11: what is relayed, how much
@@ -380,3 +498,69 @@ def test_sessions_default_per_client_for_http_and_sse_shared_for_stdio() -> None
     with pytest.raises(ConfigError) as bad:
         parse_config("upstreams: {a: {command: x, sessions: each}}", "/cfg/aggregator.yaml")
     assert bad.value.key == "upstreams.a.sessions" and "sessions: per-client" in bad.value.fix
+
+
+# ---------------------------------------------------------------- per-client sessions under faults
+
+
+async def test_a_crash_of_one_clients_process_harms_nobody_else(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"kit": kit_upstream(sessions="per-client")})
+    async with two_clients(config, Host("a"), Host("b")) as (session_a, session_b):
+
+        async def pid(session: ClientSession) -> str:
+            return text(await session.call_tool("catalog_call_tool", call("kit", "pid")))
+
+        pid_a, pid_b = await pid(session_a), await pid(session_b)
+        crashed = await session_a.call_tool("catalog_call_tool", call("kit", "crash"))
+        assert crashed.is_error and "session ended" in text(crashed)
+        assert await pid(session_b) == pid_b  # b's process and the shared one never noticed
+        servers = structured(await session_b.call_tool("catalog_list_servers", {}))["servers"]
+        assert servers[0]["state"] == "ready"
+        assert await pid(session_a) not in (pid_a, pid_b)  # a's next request opens a new process
+
+
+async def test_a_client_session_that_cannot_start_is_a_clear_error(tmp_path: Path) -> None:
+    marker = tmp_path / "started-once"
+    script = tmp_path / "once.sh"  # the first start works (the shared session); every later one fails
+    script.write_text(
+        f'#!/bin/sh\nif [ -e "{marker}" ]; then echo "no second start" >&2; exit 1; fi\n'
+        f'touch "{marker}"\nexec "{sys.executable}" "{ROOT / "examples" / "testkit.py"}"\n'
+    )
+    script.chmod(0o755)
+    config = write_config(tmp_path, {"kit": {"command": str(script), "sessions": "per-client"}})
+    async with aggregator_client(config) as session:
+        refused = await session.call_tool("catalog_call_tool", call("kit", "echo", message="x"))
+        assert refused.is_error and "could not start a session" in text(refused)
+        listed = structured(await session.call_tool("catalog_list_tools", {"server": "kit"}))
+        assert "echo" in {item["tool"] for item in listed["items"]}  # the shared session serves on
+
+
+async def test_http_and_sse_upstreams_serve_each_client_on_its_own_session(tmp_path: Path) -> None:
+    toolbox = ROOT / "examples" / "toolbox.py"
+    for transport, path in (("streamable-http", "/mcp"), ("sse", "/sse")):
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, str(toolbox), transport, "--host", "127.0.0.1", "--port", str(port)],
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_for_port(port, proc)
+            upstream = {"url": f"http://127.0.0.1:{port}{path}", "transport": "sse" if path == "/sse" else "http"}
+            config = write_config(tmp_path, {"box": upstream})
+            async with two_clients(config, Host("a"), Host("b")) as sessions:
+                for tag, session in zip("ab", sessions, strict=True):
+                    result = await session.call_tool("catalog_call_tool", call("box", "slugify", text=f"Hi {tag}!"))
+                    assert text(result) == f"hi-{tag}", transport
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+async def test_a_clients_own_process_ends_with_the_aggregator(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"kit": kit_upstream(sessions="per-client")})
+    async with aggregator_client(config) as session:
+        pid = int(text(await session.call_tool("catalog_call_tool", call("kit", "pid"))))
+        assert alive(pid)
+    with anyio.fail_after(WAIT):  # stdin closed: the aggregator stops, and every process it started
+        while alive(pid):
+            await anyio.sleep(0.05)

@@ -20,6 +20,8 @@ from typing import Any
 
 import httpx2
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from aggregator.cli.commands import main
 from tests.conftest import free_port, wait_for_port, write_config
@@ -59,14 +61,21 @@ def server(request: pytest.FixtureRequest) -> Iterator[AuthServer]:
 
 
 @pytest.fixture
-def setup(server: AuthServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+def setup(
+    server: AuthServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> dict[str, Any]:
     data = tmp_path / "data"
     log = tmp_path / "aggregator.log"
     monkeypatch.setenv("AGGREGATOR_DATA_DIR", str(data))
     monkeypatch.setenv("AGGREGATOR_LOG_FILE", str(log))
     monkeypatch.setenv("AGGREGATOR_LOG_LEVEL", "debug")
     monkeypatch.delenv("AGGREGATOR_BROWSER", raising=False)
-    config = write_config(tmp_path, {"remote": {"url": server.url}})
+    sse = (
+        request.node.get_closest_marker("server_args")
+        and "--sse" in request.node.get_closest_marker("server_args").args
+    )
+    url = server.url.replace("/mcp", "/sse") if sse else server.url
+    config = write_config(tmp_path, {"remote": {"url": url, "transport": "sse" if sse else "http"}})
     return {"config": str(config), "data": data, "log": log}
 
 
@@ -161,3 +170,217 @@ def test_login_names_what_cannot_sign_in(
     err = capsys.readouterr().err
     assert "auth: none" in err and "stdio" in err and "no upstream named 'nope'" in err
     assert not os.path.exists(tmp_path / "data" / "oauth-tokens.json")
+
+
+def test_doctor_says_which_upstream_needs_sign_in(
+    server: AuthServer,
+    setup: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home" / ".config"))
+    _, out, _ = run(capsys, setup, "doctor")
+    assert "PROBLEM upstream remote: sign-in needed. Fix: run `aggregator auth login remote`" in out
+    _, out, _ = run(capsys, setup, "doctor", "--no-probe")
+    assert "note    upstream remote: found (not probed); not signed in" not in out  # auth unset: not known yet
+    login(capsys, setup, monkeypatch)
+    _, out, _ = run(capsys, setup, "doctor")
+    assert "ok      upstream remote: ready, 1 tools" in out
+    _, out, _ = run(capsys, setup, "doctor", "--no-probe")
+    assert "ok      upstream remote: found (not probed); signed in" in out
+    assert tokens(setup)["access_token"] not in out
+
+
+def test_mcp_remote_entries_import_as_native_oauth_upstreams() -> None:
+    from aggregator.config.importing import translate
+
+    assert translate({"command": "npx", "args": ["-y", "mcp-remote", "https://mcp.example/mcp"]}, "claude") == (
+        {"url": "https://mcp.example/mcp", "auth": "oauth"},
+        "",
+    )
+    sse = {"command": "npx", "args": ["mcp-remote@latest", "https://x.example/sse", "--transport", "sse-only"]}
+    assert translate(sse, "cursor") == ({"url": "https://x.example/sse", "auth": "oauth", "transport": "sse"}, "")
+    static = {
+        "command": "npx",
+        "args": ["mcp-remote", "https://x.example/mcp", "--header", "Authorization:${AUTH}"],
+        "env": {"AUTH": "Bearer abc"},
+    }
+    assert translate(static, "claude") == (
+        {"url": "https://x.example/mcp", "headers": {"Authorization": "Bearer abc"}},
+        "",
+    )
+    client = {"client_id": "id1", "client_secret": "s3"}
+    pre = {
+        "command": "npx",
+        "args": ["mcp-remote", "https://x.example/mcp", "9696", "--static-oauth-client-info", json.dumps(client)],
+    }
+    assert translate(pre, "claude")[0] == {"url": "https://x.example/mcp", "auth": "oauth", **client}
+    assert translate({"command": "npx", "args": ["-y", "mcp-remote"]}, "claude")[0] == {
+        "command": "npx",
+        "args": ["-y", "mcp-remote"],
+    }
+
+
+def test_auth_kinds_name_the_keys_they_need(tmp_path: Path) -> None:
+    from aggregator.config import ConfigError, parse_config
+
+    def problem(entry: dict[str, Any]) -> str:
+        with pytest.raises(ConfigError) as info:
+            parse_config(json.dumps({"upstreams": {"r": entry}}), "c.yaml", environ={})
+        return f"{info.value.key}: {info.value.problem}"
+
+    url = "https://mcp.example/mcp"
+    assert (
+        problem({"url": url, "auth": "client_credentials"})
+        == "upstreams.r.auth: auth: client_credentials needs client_id"
+    )
+    assert problem({"url": url, "auth": "client_credentials", "client_id": "c"}).endswith(
+        "needs client_secret or client_private_key"
+    )
+    assert problem({"url": url, "auth": "identity_assertion", "client_id": "c", "client_secret": "s"}).endswith(
+        "needs issuer"
+    )
+    assert (
+        problem({"command": "x", "scopes": ["a"]}) == "upstreams.r.scopes: scopes applies only to a remote server (url)"
+    )
+    assert problem({"url": url, "auth": "sometimes"}).startswith("upstreams.r.auth: input should be")
+    config = parse_config(
+        json.dumps({"upstreams": {"r": {"url": url, "client_secret": "${SECRET}", "client_id": ""}}}),
+        "c.yaml",
+        environ={"SECRET": "s3cr3t-value"},
+    )
+    assert config.upstreams["r"].client_id is None and "s3cr3t" not in repr(config.upstreams["r"])
+
+
+@pytest.mark.server_args("--sse")
+def test_sse_upstreams_sign_in_too(
+    server: AuthServer, setup: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, out, err = run(capsys, setup, "call", "remote", "echo", "text=before")
+    assert code == 1 and "aggregator auth login remote" in out + err
+    login(capsys, setup, monkeypatch)
+    code, out, err = run(capsys, setup, "call", "remote", "echo", "text=over sse")
+    assert (code, out.strip()) == (0, "over sse"), err
+
+
+def test_a_forged_callback_state_is_refused(
+    server: AuthServer, setup: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGGREGATOR_BROWSER", f"{BROWSER} --tamper-state")
+    code, _, err = run(capsys, setup, "auth", "login", "remote")
+    assert code == 1 and "sign-in failed: State parameter mismatch" in err
+    assert server.stats()["authorization_code"] == 0
+
+
+# ---------------------------------------------------------------- the loopback listener, attacked
+
+
+async def _sign_in_through(garbage: list[bytes]) -> Any:
+    """Start a sign-in's listener, send it `garbage` on connections of their own, then the real redirect."""
+    import anyio
+
+    from aggregator.upstream.auth import BrowserStep
+
+    step = BrowserStep("x", free_port(), interactive=True, browser="true")  # a browser that opens nothing
+    await step.redirect("http://127.0.0.1:1/authorize")
+    result: list[Any] = []
+
+    async def wait() -> None:
+        result.append(await step.callback())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        for payload in [*garbage, b"GET /callback?code=the-code&state=s1 HTTP/1.1\r\nHost: x\r\n\r\n"]:
+            async with await anyio.connect_tcp("127.0.0.1", step.port) as stream:
+                if payload:
+                    await stream.send(payload)
+                await stream.send_eof()
+                with anyio.move_on_after(5):
+                    while True:
+                        try:
+                            await stream.receive()
+                        except (anyio.EndOfStream, anyio.BrokenResourceError):
+                            break
+    return result[0]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.binary(max_size=200), max_size=5))
+def test_the_loopback_listener_answers_only_the_callback(garbage: list[bytes]) -> None:
+    import anyio
+
+    hostile = [
+        *garbage,
+        b"GET /other?code=stolen HTTP/1.1\r\n\r\n",
+        b"POST /callback?code=posted HTTP/1.1\r\n\r\n",
+        b"GET /callback?state=s1 HTTP/1.1\r\n\r\n",
+        b"GET /callback?code=x " + b"A" * 20000,
+    ]
+    result = anyio.run(_sign_in_through, [g for g in hostile if b"code=" not in g or b"GET /callback?" not in g])
+    assert (result.code, result.state) == ("the-code", "s1")
+
+
+async def test_while_serving_a_needed_sign_in_fails_at_once_and_a_login_elsewhere_takes_effect(
+    server: AuthServer, setup: dict[str, Any], tmp_path: Path
+) -> None:
+    import anyio
+
+    from tests.conftest import aggregator_client, aggregator_env
+
+    env = aggregator_env(AGGREGATOR_DATA_DIR=str(setup["data"]), AGGREGATOR_BROWSER=BROWSER)  # serve never uses it
+    request = {"server": "remote", "tool": "echo", "arguments": {"text": "served"}}
+    async with aggregator_client(Path(setup["config"]), env=env, errlog=(tmp_path / "serve.err").open("w")) as client:
+        started = time.monotonic()
+        refused = await client.call_tool("catalog_call_tool", request)
+        assert refused.is_error and "sign-in needed: run `aggregator auth login remote`" in refused.content[0].text
+        assert time.monotonic() - started < 10
+        login_env = {**env, "AGGREGATOR_LOG_FILE": str(tmp_path / "login.log")}
+        argv = [sys.executable, "-m", "aggregator", "auth", "login", "remote", "--config", setup["config"]]
+        done = await anyio.run_process(argv, env=login_env, check=False)
+        assert done.returncode == 0, done.stderr
+        answered = await client.call_tool("catalog_call_tool", request)
+        assert not answered.is_error and answered.content[0].text == "served"
+    secret = tokens(setup)["access_token"]
+    assert secret not in (tmp_path / "serve.err").read_text()
+
+
+async def test_a_sign_in_refused_while_serving_remembers_its_scopes_for_the_next_login() -> None:
+    from aggregator.config import UpstreamConfig
+    from aggregator.upstream.auth import Authenticator, SignInRequired, TokenStore
+
+    store = TokenStore(None)
+    config = UpstreamConfig(name="r", transport="http", url="http://127.0.0.1:1/mcp", scopes=["read"])
+    serving = Authenticator(store)
+    provider: Any = serving.auth_for(config)
+    assert provider.extra_scope == "read"
+    with pytest.raises(SignInRequired, match="aggregator auth login r"):  # a step-up to write, while serving
+        await provider.context.redirect_handler("http://as.test/authorize?scope=read+write&state=s")
+    assert store.entry("r", config.url)["wanted_scope"] == "read write"
+    login: Any = Authenticator(store, interactive=True, browser="true").auth_for(config)
+    assert login.extra_scope == "read write"
+
+
+def test_a_config_reload_keeps_the_sign_in(
+    server: AuthServer, setup: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anyio
+
+    from aggregator.config.load import load_config
+    from aggregator.upstream.pool import UpstreamPool
+
+    login(capsys, setup, monkeypatch)
+    config = load_config(Path(setup["config"]), environ={}, cwd=Path(setup["config"]).parent)
+
+    async def body() -> list[Any]:
+        async with UpstreamPool.running(config, setup["data"]) as pool:
+            first = await pool.call_tool("remote", "echo", {"text": "one"})
+            changed = config.upstreams["remote"].model_copy(update={"description": "edited"})
+            diff = pool.apply_config(config.model_copy(update={"upstreams": {"remote": changed}}))
+            assert diff.changed == ["remote"]
+            return [first, await pool.call_tool("remote", "echo", {"text": "two"})]
+
+    results = anyio.run(body)
+    assert [r["content"][0]["text"] for r in results] == ["one", "two"]
+    assert server.stats()["authorization_code"] == 1  # no second sign-in

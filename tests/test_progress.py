@@ -46,3 +46,21 @@ def test_probe_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
     assert "probed 2 upstreams" in out and "probing" not in out  # stdout carries the result only
     piped = run_cli("list-upstreams", "--probe", "--config", str(config))
     assert piped.returncode == 0 and piped.stderr == ""
+
+
+def test_call_shows_the_upstreams_progress_on_a_terminal(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"kit": kit_upstream()})
+    args = ("call", "kit", "slow", "seconds=1.5", "steps=3", "--config", str(config))
+    code, out, terminal = run_with_terminal_stderr(*args)
+    assert code == 0, terminal
+    assert out == "slept 1.5s in 3 steps\n"  # stdout carries the result only
+    assert "kit slow: step 1/3" in terminal and "kit slow: step 2/3" in terminal
+    piped = run_cli(*args)
+    assert (piped.returncode, piped.stdout, piped.stderr) == (0, out, "")
+
+
+def test_refresh_shows_progress_on_a_terminal(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"a": kit_upstream(), "b": kit_upstream()})
+    code, out, terminal = run_with_terminal_stderr("refresh", "--config", str(config))
+    assert code == 0, terminal
+    assert "refreshing upstreams" in terminal and "2/2" in terminal and "refreshed 2 of 2 snapshots" in out

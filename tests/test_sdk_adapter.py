@@ -241,3 +241,25 @@ print("ok")
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "ok", done.stderr
+
+
+async def test_untraced_upstream_requests_replaces_the_client_span_and_requests_still_work() -> None:
+    import mcp.shared.jsonrpc_dispatcher as dispatcher
+
+    saved = dispatcher.otel_span, dispatcher.inject_trace_context  # names the patch replaces
+    try:
+        sdk.untraced_upstream_requests()
+        assert dispatcher.otel_span is not saved[0] and dispatcher.inject_trace_context is not saved[1]
+
+        async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+            return types.ListToolsResult(tools=[types.Tool(name="t", input_schema={"type": "object"})])
+
+        got: dict[str, Any] = {}
+
+        async def body(session: ClientSession) -> None:
+            got.update(await sdk.raw_request(session, "tools/list", None))
+
+        await _run(Server("s", on_list_tools=list_tools), body)
+        assert [tool["name"] for tool in got["tools"]] == ["t"]
+    finally:
+        dispatcher.otel_span, dispatcher.inject_trace_context = saved

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
+import mcp.types as types
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -31,7 +33,8 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from aggregator.cli import _command_index
 from aggregator.cli.service import query_status
-from aggregator.connect import _lines, parse_args
+from aggregator.connect import parse_args
+from aggregator.connect_relay import SLOW, _lines, _service_head
 from aggregator.runtime import connect_target, private_dir, read_pid_file, service_files, service_running
 from aggregator.upstream.guard import descendants
 from tests.conftest import aggregator_env, alive, kit_upstream, structured, write_config
@@ -66,9 +69,9 @@ class Service:
         assert found is not None, "no service answers"
         return found
 
-    def connect(self, **env: str) -> subprocess.Popen[bytes]:
+    def connect(self, *flags: str, **env: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, "-m", "aggregator", "connect", "--config", str(self.config)],
+            [sys.executable, "-m", "aggregator", "connect", "--config", str(self.config), *flags],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -159,12 +162,12 @@ def finish(proc: subprocess.Popen[bytes]) -> int:
 
 
 @asynccontextmanager
-async def connected(found: Service) -> AsyncIterator[ClientSession]:
+async def connected(found: Service, **options: Any) -> AsyncIterator[ClientSession]:
     """An SDK client session through `aggregator connect`, as a host would run it."""
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "aggregator", "connect", "--config", str(found.config)], env=found.env()
     )
-    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+    async with stdio_client(params) as (read, write), ClientSession(read, write, **options) as session:
         await session.initialize()
         yield session
 
@@ -224,6 +227,97 @@ def test_racing_connects_start_exactly_one_service(service: Service) -> None:
         assert [finish(proc) for proc in clients] == [0, 0, 0, 0]
 
 
+@pytest.mark.anyio
+async def test_both_eras_attached_hear_list_changed(service: Service, tmp_path: Path) -> None:
+    """A modern client (listen) and a legacy one (notification) share a direct upstream; one changes its tools."""
+    from mcp import Client
+
+    write_config(tmp_path, {"kit": kit_upstream(expose="direct")})
+    heard = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            heard.set()
+
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "aggregator", "connect", "--config", str(service.config)], env=service.env()
+    )
+    async with connected(service, message_handler=on_message) as legacy, Client(params, mode="auto") as modern:
+        assert modern.protocol_version >= "2026"
+        assert "kit__echo" in {tool.name for tool in (await legacy.list_tools()).tools}
+        assert "kit__echo" in {tool.name for tool in (await modern.list_tools()).tools}
+        async with modern.listen(tools_list_changed=True) as subscription:
+            await legacy.call_tool("kit__set_tools", {"names": ["shared_new"]})
+            with anyio.fail_after(15):
+                async for _event in subscription:
+                    if "kit__shared_new" in {tool.name for tool in (await modern.list_tools()).tools}:
+                        break
+                await heard.wait()
+        assert service.status()["upstreams_running"] == 1
+
+
+def test_a_relayed_request_reaches_the_client_whose_call_asked(service: Service) -> None:
+    """Two clients call the same upstream's `ask` (sampling): each request reaches the client whose call asked,
+    one after the other; at the same time, each gets its own answer or a refusal, never the other's."""
+    clients = {tag: service.connect() for tag in ("a", "b")}
+    init = {**INIT, "capabilities": {"sampling": {}}}
+    for proc in clients.values():
+        send(proc, {"id": 0, "method": "initialize", "params": init})
+        assert "result" in answer(proc, 0)
+        send(proc, {"method": "notifications/initialized"})
+    for tag, proc in clients.items():
+        ask(proc, 1)
+        assert f"from {tag}" in answered_asking(proc, 1, tag)
+    for proc in clients.values():
+        ask(proc, 2)
+    for tag, proc in clients.items():
+        text = answered_asking(proc, 2, tag)
+        other = "from b" if tag == "a" else "from a"
+        assert other not in text and (f"from {tag}" in text or "cannot tell which client" in text), text
+    assert [finish(proc) for proc in clients.values()] == [0, 0]
+
+
+def ask(proc: subprocess.Popen[bytes], request_id: int) -> None:
+    sampling = {"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}], "maxTokens": 5}
+    arguments = {"method": "sampling/createMessage", "params": sampling}
+    params = {"name": "catalog_call_tool", "arguments": {"server": "kit", "tool": "ask", "arguments": arguments}}
+    send(proc, {"id": request_id, "method": "tools/call", "params": params})
+
+
+def answered_asking(proc: subprocess.Popen[bytes], request_id: int, tag: str) -> str:
+    """The result of call `request_id` as text, answering every sampling request on the way as client `tag`."""
+    assert proc.stdout
+    while True:
+        message = json.loads(proc.stdout.readline())
+        if message.get("method") == "sampling/createMessage":
+            result = {"role": "assistant", "content": {"type": "text", "text": f"from {tag}"}, "model": "m"}
+            send(proc, {"id": message["id"], "result": result})
+        elif message.get("id") == request_id:
+            return json.dumps(message["result"])
+
+
+def test_a_config_reload_is_applied_once_for_every_client(service: Service, tmp_path: Path) -> None:
+    clients = [service.connect(), service.connect()]
+    for proc in clients:
+        handshake(proc)
+    write_config(tmp_path, {"kit": kit_upstream(), "kit2": kit_upstream()})
+    pid = service.pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGHUP)  # reload now rather than at the next poll of the file
+    listed = {"name": "catalog_list_servers", "arguments": {}}
+    for number, proc in enumerate(clients):
+        deadline = time.monotonic() + 15
+        while True:
+            send(proc, {"id": 10 + number, "method": "tools/call", "params": listed})
+            servers = answer(proc, 10 + number)["result"]["structuredContent"]["servers"]
+            if [server["name"] for server in servers] == ["kit", "kit2"]:
+                break
+            assert time.monotonic() < deadline, servers
+            time.sleep(0.1)
+    assert Path(service.files.log).read_text().count("config reloaded") == 1
+    assert [finish(proc) for proc in clients] == [0, 0]
+
+
 # ---------------------------------------------------------------- lifecycle
 
 
@@ -238,8 +332,38 @@ def test_a_client_eof_detaches_only_that_client(service: Service) -> None:
     assert finish(second) == 0
 
 
-def test_service_sigkilled_under_clients(service: Service) -> None:
-    client = service.connect()
+@pytest.mark.parametrize("relay", [False, True], ids=["hand-off", "relay"])
+def test_eof_with_a_call_running_still_gets_its_answer(service: Service, relay: bool) -> None:
+    client = service.connect(*(["--relay"] if relay else []))
+    handshake(client)
+    params = {"name": "catalog_call_tool", "arguments": {"server": "kit", "tool": "slow", "arguments": {"seconds": 1}}}
+    send(client, {"id": 1, "method": "tools/call", "params": params})
+    assert client.stdin and client.stdout
+    client.stdin.close()  # EOF at once: the service drains, answers, closes; connect passes it all on and exits
+    out = client.stdout.read()
+    assert client.wait(timeout=30) == 0
+    answers = [json.loads(line) for line in out.splitlines()]
+    assert [a["result"]["content"][0]["text"] for a in answers if a.get("id") == 1] == ["slept 1s in 1 steps"]
+    assert service.status()["clients_attached"] == 0
+
+
+@pytest.mark.parametrize("relay", [False, True], ids=["hand-off", "relay"])
+def test_big_answers_and_garbage_pass_intact(service: Service, relay: bool) -> None:
+    client = service.connect(*(["--relay"] if relay else []))
+    handshake(client)
+    big = call_kit(client, 1, "big", n=3_000_000)["result"]["content"][0]["text"]
+    assert len(big) == 3_000_000
+    assert client.stdin
+    client.stdin.write(b'{"jsonrpc": "2.0", "id": 2, "method": \xff not json\n\n[1, 2\n')
+    client.stdin.flush()
+    assert answer(client, None)["error"]["code"] == -32700  # refused by the service, the session goes on
+    assert call_kit(client, 3, "echo", message="still here")["result"]["content"][0]["text"] == "still here"
+    assert finish(client) == 0
+
+
+@pytest.mark.parametrize("relay", [False, True], ids=["hand-off", "relay"])
+def test_service_sigkilled_under_clients(service: Service, relay: bool) -> None:
+    client = service.connect(*(["--relay"] if relay else []))
     handshake(client)
     kit_pid = int(call_kit(client, 1, "pid")["result"]["content"][0]["text"])
     old = service.pid()
@@ -248,14 +372,44 @@ def test_service_sigkilled_under_clients(service: Service) -> None:
     send(client, {"id": 2, "method": "tools/call", "params": params})
     time.sleep(0.3)  # the call is with the upstream
     os.kill(old, signal.SIGKILL)
-    lost = answer(client, 2, timeout=10)
-    assert lost["error"]["code"] == -32000 and "stopped before answering" in lost["error"]["message"]
-    _wait_gone([kit_pid])  # no upstream outlives its service
-    # The next message starts a new service; the handshake is replayed, so the client just carries on.
-    assert call_kit(client, 3, "echo", message="again")["result"]["content"][0]["text"] == "again"
-    new = service.pid()
-    assert new is not None and new != old
-    assert finish(client) == 0
+    if relay:  # an error at once; the next message starts a new service, the handshake replayed
+        lost = answer(client, 2, timeout=10)
+        assert lost["error"]["code"] == -32000 and "stopped before answering" in lost["error"]["message"], lost
+        _wait_gone([kit_pid])  # no upstream outlives its service
+        echoed = call_kit(client, 3, "echo", message="again")
+        assert echoed.get("result", {}).get("content", [{}])[0].get("text") == "again", echoed
+        new = service.pid()
+        assert new is not None and new != old
+        assert finish(client) == 0
+    else:  # a clean end: connect exits, the client's stdout ends; the next connect starts a new service
+        assert client.stdout and client.stdout.read() == b""
+        assert client.wait(timeout=10) == 0
+        _wait_gone([kit_pid])
+        again = service.connect()
+        handshake(again)
+        assert call_kit(again, 3, "echo", message="again")["result"]["content"][0]["text"] == "again"
+        assert service.pid() not in (None, old)
+        assert finish(again) == 0
+
+
+def test_the_handed_over_stdin_is_left_blocking(service: Service) -> None:
+    """The service serves the client's pipe non-blocking; the description is shared (a terminal, say): restored."""
+    read_end, write_end = os.pipe()
+    client = subprocess.Popen(
+        [sys.executable, "-m", "aggregator", "connect", "--config", str(service.config)],
+        stdin=read_end,
+        stdout=subprocess.PIPE,
+        env=service.env(),
+    )
+    try:
+        os.write(write_end, json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INIT}).encode())
+        os.write(write_end, b"\n")
+        assert "result" in answer(client, 0)
+    finally:
+        os.close(write_end)
+    assert client.wait(timeout=30) == 0
+    assert os.get_blocking(read_end)
+    os.close(read_end)
 
 
 def test_service_stops_when_idle_and_removes_its_sockets(service: Service) -> None:
@@ -297,7 +451,7 @@ def test_status_stop_logs_and_doctor(service: Service) -> None:
     assert "none runs" in run_cli("doctor", "--no-probe", "--config", str(service.config), env=env).stdout
     stopped = run_cli("service", "status", "--config", str(service.config), env=env)
     assert stopped.returncode == 3 and "no service runs" in stopped.stdout
-    client = service.connect()
+    client = service.connect("--relay")  # survives `service stop`: its next message starts a new service
     handshake(client)
     call_kit(client, 1, "echo", message="warm")
     shown = run_cli("service", "status", "--json", "--config", str(service.config), env=env)
@@ -346,10 +500,11 @@ def test_connect_is_dispatched_before_the_cli_is_imported() -> None:
 
 
 def test_connect_arguments() -> None:
-    assert parse_args(["--config", "a.yaml", "--data-dir=d", "--start-timeout", "2"]) == {
+    assert parse_args(["--config", "a.yaml", "--data-dir=d", "--start-timeout", "2", "--relay"]) == {
         "config": "a.yaml",
         "data-dir": "d",
         "start-timeout": "2",
+        "relay": "",
     }
     for bad in (["--nope"], ["--config"], ["serve"]):
         with pytest.raises(SystemExit) as raised:
@@ -388,3 +543,26 @@ def test_one_service_per_config_and_data_dir(tmp_path: Path) -> None:
     keys = {service_files(c, d, env).key for c, d in [("/a", None), ("/b", None), ("/a", "/d"), (None, None)]}
     assert len(keys) == 4
     assert service_files("/a", None, env).socket == str(tmp_path / f"{service_files('/a', None, env).key}.sock")
+
+
+@given(
+    st.one_of(st.integers(min_value=-(2**53), max_value=2**53), st.text(max_size=20)),
+    st.sampled_from(["result", "error", "request", "notification"]),
+)
+def test_connect_reads_the_service_answer_id_from_the_head_alone(key: Any, kind: str) -> None:
+    """The fast path agrees with parsing the whole line, for the lines the service really writes."""
+    if kind == "result":
+        message: Any = types.JSONRPCResponse(jsonrpc="2.0", id=key, result={"content": [], "big": "x" * 300})
+    elif kind == "error":
+        message = types.JSONRPCError(jsonrpc="2.0", id=key, error=types.ErrorData(code=-1, message="no"))
+    elif kind == "request":
+        message = types.JSONRPCRequest(jsonrpc="2.0", id=key, method="sampling/createMessage", params={})
+    else:
+        message = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/progress", params={})
+    line = message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+    head = _service_head(line)
+    parsed = json.loads(line)
+    if head is SLOW:
+        assert not isinstance(key, int) or kind == "notification", line  # integer ids take the fast path
+        return  # parsed in full: always right
+    assert head == (parsed["id"] if kind in ("result", "error") else None)

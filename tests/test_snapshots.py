@@ -7,6 +7,7 @@ upstream processes it spawned through testkit's `--spawn-log` (one line per star
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -66,6 +67,34 @@ def sample_catalog(server: str = "kit", listed_at: float | None = None) -> Catal
         server_info={"name": "kit-server", "version": "1.2.3"},
         instructions="Use echo to echo.",
     )
+
+
+def snapshot_file(directory: Path, name: str) -> Path:
+    """The snapshot file of upstream `name` in `directory` (its name carries the definition's fingerprint)."""
+    found = sorted(directory.glob(f"{name}.*.json"))
+    return found[0] if found else directory / f"{name}.unwritten.json"
+
+
+def test_two_definitions_of_one_name_keep_a_snapshot_each(tmp_path: Path) -> None:
+    """Two configs that give the name `kit` to different servers no longer overwrite each other's snapshot."""
+    snapshots = SnapshotDir(tmp_path)
+    first = fingerprint(config_of({"kit": {"command": "one"}}).upstreams["kit"])
+    second = fingerprint(config_of({"kit": {"command": "two"}}).upstreams["kit"])
+    (tmp_path / "catalogs").mkdir()
+    (tmp_path / "catalogs" / "kit.json").write_text("{}")  # an unkeyed file of an older version
+    snapshots.write(sample_catalog(), first)
+    snapshots.write(sample_catalog(), second)
+    assert snapshots.read("kit", first, DAY, lambda _: False).catalog is not None
+    assert snapshots.read("kit", second, DAY, lambda _: False).catalog is not None
+    assert sorted(p.name for p in (tmp_path / "catalogs").iterdir()) == sorted(
+        [snapshots.path("kit", first).name, snapshots.path("kit", second).name]
+    )
+    third = fingerprint(config_of({"kit": {"command": "three"}}).upstreams["kit"])
+    assert snapshots.read("kit", third, DAY, lambda _: False).stale == "definition changed"
+    old = time.time() - 31 * DAY
+    os.utime(snapshots.path("kit", first), (old, old))  # unused for longer than DEFAULT_MAX_AGE
+    snapshots.write(sample_catalog(), second)
+    assert not snapshots.path("kit", first).exists() and snapshots.path("kit", second).exists()
 
 
 # ---------------------------------------------------------------- format
@@ -132,7 +161,7 @@ def test_config_keys_snapshots_and_snapshot_max_age() -> None:
 def test_written_file_holds_no_secret_value(tmp_path: Path) -> None:
     upstream = config_of({"kit": {"command": "srv", "env": {"API_KEY": "sk-very-secret"}}}).upstreams["kit"]
     path = SnapshotDir(tmp_path).write(sample_catalog(), fingerprint(upstream))
-    assert path is not None and path == tmp_path / "catalogs" / "kit.json"
+    assert path is not None and path == SnapshotDir(tmp_path).path("kit", fingerprint(upstream))
     text = path.read_text()
     assert "sk-very-secret" not in text and "API_KEY" not in text
     assert json.loads(text)["format"] == FORMAT and json.loads(text)["version"] == VERSION
@@ -157,7 +186,7 @@ def test_bad_files_are_ignored_with_one_warning(
 ) -> None:
     snapshots = SnapshotDir(tmp_path)
     snapshots.directory.mkdir(parents=True)
-    snapshots.path("kit").write_bytes(content)
+    snapshots.path("kit", "sha256:x").write_bytes(content)
     outcome = snapshots.read("kit", "sha256:x", DAY, lambda _: False)
     assert outcome.catalog is None and outcome.problem
     assert warnings(caplog, "snapshot ignored") == 1
@@ -177,7 +206,7 @@ def test_semantically_bad_documents_are_ignored(tmp_path: Path) -> None:
     ]
     snapshots = SnapshotDir(tmp_path)
     for document in broken:
-        write_atomically(snapshots.path("kit"), json.dumps(document).encode())
+        write_atomically(snapshots.path("kit", "sha256:x"), json.dumps(document).encode())
         outcome = snapshots.read("kit", "sha256:x", DAY, lambda _: False)
         assert outcome.catalog is None and outcome.problem, document
 
@@ -208,9 +237,9 @@ def test_unreadable_changed_and_old_snapshots_are_not_used(tmp_path: Path) -> No
     snapshots = SnapshotDir(tmp_path)
     assert snapshots.read("kit", "sha256:x", DAY, lambda _: False).catalog is None  # missing: no problem
     assert snapshots.read("kit", "sha256:x", DAY, lambda _: False).problem is None
-    snapshots.path("kit").mkdir(parents=True)  # a directory where the file should be
+    snapshots.path("kit", "sha256:x").mkdir(parents=True)  # a directory where the file should be
     assert snapshots.read("kit", "sha256:x", DAY, lambda _: False).problem
-    snapshots.path("kit").rmdir()
+    snapshots.path("kit", "sha256:x").rmdir()
     snapshots.write(sample_catalog(listed_at=time.time() - 3 * DAY), "sha256:x")
     assert snapshots.read("kit", "sha256:x", 4 * DAY, lambda _: False).catalog is not None
     assert snapshots.read("kit", "sha256:x", 2 * DAY, lambda _: False).stale  # too old
@@ -237,7 +266,7 @@ for i in range(300):
 
 
 def test_concurrent_writers_never_leave_a_torn_file(tmp_path: Path) -> None:
-    path = tmp_path / "catalogs" / "kit.json"
+    path = snapshot_file(tmp_path / "catalogs", "kit")
     writers = [
         subprocess.Popen([sys.executable, "-c", _WRITER, str(path), tag], env=aggregator_env()) for tag in ("a", "b")
     ]
@@ -249,7 +278,7 @@ def test_concurrent_writers_never_leave_a_torn_file(tmp_path: Path) -> None:
             reads += 1
     assert all(w.wait() == 0 for w in writers)
     assert reads > 0
-    assert [p.name for p in path.parent.iterdir()] == ["kit.json"]  # no temporary file left behind
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
 
 
 # ---------------------------------------------------------------- store
@@ -289,8 +318,8 @@ async def test_pool_writes_seeds_and_replaces_snapshots(tmp_path: Path) -> None:
         await pool.start_all()
         await pool.flush_snapshots()
         first = pool.store.live("kit")
-    path = tmp_path / "data" / "catalogs" / "kit.json"
-    assert path.exists() and not (tmp_path / "data" / "catalogs" / "off.json").exists()
+    path = snapshot_file(tmp_path / "data" / "catalogs", "kit")
+    assert path.exists() and not snapshot_file(tmp_path / "data" / "catalogs", "off").exists()
     assert spawns(log) == 1
 
     async with UpstreamPool.running(config, tmp_path / "data") as pool:
@@ -331,10 +360,10 @@ async def test_a_snapshot_write_does_not_hold_up_a_load(tmp_path: Path) -> None:
 
         pool.snapshots.write = slow_write  # type: ignore[method-assign]
         catalog = await pool.ensure_live_catalog("kit")  # returns while the write is blocked
-        assert not catalog.is_snapshot and not (tmp_path / "data" / "catalogs" / "kit.json").exists()
+        assert not catalog.is_snapshot and not snapshot_file(tmp_path / "data" / "catalogs", "kit").exists()
         release.set()
         await pool.flush_snapshots()
-        assert (tmp_path / "data" / "catalogs" / "kit.json").exists()
+        assert snapshot_file(tmp_path / "data" / "catalogs", "kit").exists()
 
 
 # ---------------------------------------------------------------- real restarts over stdio
@@ -363,7 +392,7 @@ async def warm_up(config: Path, data: Path, logs: dict[str, Path]) -> None:
     async with aggregator_client(config, "--data-dir", str(data)) as session:
         payload = structured(await call(session, "catalog_search_tools", query="echo", load=True))
         assert "failed" not in payload
-    wait_for(lambda: all((data / "catalogs" / f"{name}.json").exists() for name in logs), "snapshot files")
+    wait_for(lambda: all(snapshot_file(data / "catalogs", name).exists() for name in logs), "snapshot files")
 
 
 async def test_a_restarted_aggregator_answers_from_snapshots_without_spawning(tmp_path: Path) -> None:
@@ -371,7 +400,7 @@ async def test_a_restarted_aggregator_answers_from_snapshots_without_spawning(tm
     data = tmp_path / "data"
     await warm_up(config, data, logs)
     assert total_spawns(logs) == 3
-    before = json.loads((data / "catalogs" / "alpha.json").read_text())["listed_at"]
+    before = json.loads(snapshot_file(data / "catalogs", "alpha").read_text())["listed_at"]
 
     async with aggregator_client(config, "--data-dir", str(data)) as session:
         listed = {tool.name for tool in (await session.list_tools()).tools}
@@ -407,7 +436,7 @@ async def test_a_restarted_aggregator_answers_from_snapshots_without_spawning(tm
         alpha = next(item for item in results if item["server"] == "alpha")
         assert alpha["catalog_loaded"] is True and "snapshot_age_s" not in alpha
         wait_for(
-            lambda: json.loads((data / "catalogs" / "alpha.json").read_text())["listed_at"] > before,
+            lambda: json.loads(snapshot_file(data / "catalogs", "alpha").read_text())["listed_at"] > before,
             "the live listing to replace alpha's snapshot",
         )
 
@@ -433,7 +462,7 @@ async def test_a_tool_gone_from_the_live_server_is_unknown_after_the_live_load(t
     data = tmp_path / "data"
     await warm_up(config, data, logs)
     # The snapshot of an earlier run lists a tool the server no longer offers.
-    path = data / "catalogs" / "alpha.json"
+    path = snapshot_file(data / "catalogs", "alpha")
     document = json.loads(path.read_text())
     document["tools"].append({"name": "retired", "description": "Gone since.", "inputSchema": {"type": "object"}})
     path.write_text(json.dumps(document))
@@ -454,7 +483,7 @@ async def test_corrupt_snapshot_is_ignored_once_then_rewritten(tmp_path: Path) -
     config, logs = restart_config(tmp_path)
     data = tmp_path / "data"
     await warm_up(config, data, logs)
-    path = data / "catalogs" / "alpha.json"
+    path = snapshot_file(data / "catalogs", "alpha")
     path.write_bytes(path.read_bytes()[:100])  # truncated, as by a crash of some other writer
     stderr = tmp_path / "stderr.log"
     with stderr.open("w") as errlog:
@@ -503,7 +532,7 @@ def test_two_concurrent_refreshes_leave_valid_snapshots(tmp_path: Path) -> None:
     parsed = config_of(json.loads(config.read_text())["upstreams"])
     for name, upstream in parsed.upstreams.items():
         assert snapshots.read(name, fingerprint(upstream), DAY, lambda _: False).catalog is not None
-    assert sorted(p.name for p in (data / "catalogs").iterdir()) == ["alpha.json", "beta.json", "direct.json"]
+    assert sorted(p.name.split(".")[0] for p in (data / "catalogs").iterdir()) == ["alpha", "beta", "direct"]
 
 
 def test_refresh_names_and_list_upstreams_columns(tmp_path: Path) -> None:
@@ -518,7 +547,7 @@ def test_refresh_names_and_list_upstreams_columns(tmp_path: Path) -> None:
     unknown = run("refresh", "nope")
     assert unknown.returncode == 2 and "no upstream named nope" in unknown.stderr
     done = run("refresh", "ALPHA")
-    assert done.returncode == 0 and "alpha" in done.stdout and "written: alpha.json" in done.stdout
+    assert done.returncode == 0 and "alpha" in done.stdout and "written: alpha." in done.stdout
     assert (spawns(logs["alpha"]), spawns(logs["beta"])) == (1, 0)
     listing = json.loads(run("list-upstreams", "--json").stdout)
     rows = {row["name"]: row for row in listing["upstreams"]}

@@ -6,37 +6,42 @@ import gc
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from aggregator.startup import settled_imports
 
 # What a stdio `serve` loads on the way to its first answer (the CLI, config, logging, the server, the pool).
 SERVE_IMPORTS = """
-import json, sys
-import aggregator.cli
-from aggregator.log import configure_logging
-configure_logging("info", None)
-from aggregator.cli import main as cli
-import aggregator.proxy.server, aggregator.upstream.pool, aggregator.downstream.stdio
-import gc
+import gc, json, sys
+from aggregator.cli import main
+main(["serve"])  # a real stdio serve on the built-in default config; stdin is empty, so it ends at once
 roots = sorted({name.split(".")[0] for name in sys.modules})
-print(json.dumps({"roots": roots, "frozen": gc.get_freeze_count(), "gc": gc.isenabled()}))
+with open(sys.argv[1], "w") as out:  # not stdout: in stdio mode that is the protocol's
+    json.dump({"roots": roots, "frozen": gc.get_freeze_count(), "gc": gc.isenabled()}, out)
 """
 
 
-def _serve_imports() -> dict[str, object]:
-    done = subprocess.run([sys.executable, "-c", SERVE_IMPORTS], capture_output=True, text=True, timeout=120)
+def _serve_imports(tmp_path: Path) -> dict[str, object]:
+    out = tmp_path / "imports.json"
+    done = subprocess.run(
+        [sys.executable, "-c", SERVE_IMPORTS, str(out)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)  # type: ignore[no-any-return]
+    return json.loads(out.read_text())  # type: ignore[no-any-return]
 
 
-def test_serve_imports_no_cli_only_module_and_no_rich() -> None:
-    found = _serve_imports()
+def test_serve_imports_no_cli_only_module_and_no_rich(tmp_path: Path) -> None:
+    found = _serve_imports(tmp_path)
     roots = set(found["roots"])  # type: ignore[arg-type]
     assert not roots & {"rich", "pygments", "ruamel", "tomlkit"}, roots
 
 
-def test_the_cli_freezes_its_imports_and_collects_again_after() -> None:
-    found = _serve_imports()
+def test_the_cli_freezes_its_imports_and_collects_again_after(tmp_path: Path) -> None:
+    found = _serve_imports(tmp_path)
     assert found["gc"] is True
     assert isinstance(found["frozen"], int) and found["frozen"] > 10_000
 

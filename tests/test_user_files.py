@@ -85,6 +85,20 @@ def test_install_twice_then_uninstall_keeps_what_came_between(tmp_path: Path) ->
     assert sorted(p.name for p in file.path.parent.iterdir()) == ["mcp.json"]
 
 
+def test_codex_toml_install_twice_then_uninstall_keeps_what_came_between(tmp_path: Path) -> None:
+    places, _, config = _cursor_home(tmp_path)
+    file = commands.user_file("codex", places)
+    file.path.parent.mkdir(parents=True)
+    file.path.write_text('model = "o3"  # mine\n\n[mcp_servers.a]\ncommand = "run-a"\n')
+    commands.install_client(file, config, places, dry_run=False)
+    edited = file.path.read_text() + '\n[mcp_servers.b]\ncommand = "run-b"\n'
+    file.path.write_text(edited.replace('model = "o3"', 'model = "o4"'))
+    commands.install_client(file, config, places, dry_run=False)
+    commands.uninstall_client(file)
+    after = parse_document(file.path.read_text(), file)
+    assert after["model"] == "o4" and after["mcp_servers"] == {"a": {"command": "run-a"}, "b": {"command": "run-b"}}
+
+
 def test_an_entry_using_a_client_variable_stays_in_the_client(tmp_path: Path) -> None:
     places, file, config = _cursor_home(tmp_path)
     servers = {
@@ -106,12 +120,13 @@ def test_an_entry_using_a_client_variable_stays_in_the_client(tmp_path: Path) ->
 class Editor:
     """The user, in an editor or a client that rewrites its file: every edit is remembered."""
 
-    def __init__(self, file: Path, config: Path) -> None:
+    def __init__(self, file: Path, config: Path, windows: bool = False) -> None:
         self.file, self.config = file, config
         self.settings: dict[str, int] = {"theme": 0}
         self.servers: dict[str, dict[str, str]] = {"a": {"command": "run-a"}, "b": {"command": "run-b"}}
         self.yaml_servers: set[str] = set()
-        file.write_text('{\n  // mine\n  "theme": 0,\n  "mcpServers": ' + json.dumps(self.servers) + "\n}\n")
+        text = '{\n  // mine\n  "theme": 0,\n  "mcpServers": ' + json.dumps(self.servers) + "\n}\n"
+        file.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode() if windows else text.encode())
 
     def edit(self, kind: str, number: int) -> None:
         if kind == "yaml":
@@ -196,13 +211,13 @@ STEPS = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=STEPS)
 @example(steps=[("install", None), ("edit", ("add", 1)), ("install", None), ("uninstall", None)])  # item 1
 @example(steps=[("install", ("setting", 1)), ("uninstall", ("add", 2)), ("uninstall", None)])  # item 2
 def test_no_interleaving_loses_anything_of_the_users(tmp_path_factory: pytest.TempPathFactory, steps: list) -> None:
     places, file, config = _cursor_home(tmp_path_factory.mktemp("user"))
-    editor = Editor(file.path, config)
+    editor = Editor(file.path, config, windows=len(steps) % 2 == 1)  # CRLF and a BOM, or LF
     for step, argument in steps:
         if step == "edit":
             editor.edit(*argument)
@@ -261,3 +276,13 @@ def test_cli_install_twice_then_uninstall_keeps_later_edits(tmp_path: Path) -> N
     after = json.loads(home.file.read_text())
     assert after["theme"] == "dark" and set(after["mcpServers"]) == {"kit", "later"}
     assert home.backups() == [] and os.listdir(home.file.parent) == ["mcp.json"]
+
+
+def test_a_crlf_file_with_a_bom_comes_back_byte_for_byte(tmp_path: Path) -> None:
+    places, file, config = _cursor_home(tmp_path)
+    original = b'\xef\xbb\xbf{\r\n  "mcpServers": {"a": {"command": "run-a"}}\r\n}\r\n'
+    file.path.write_bytes(original)
+    commands.install_client(file, config, places, dry_run=False)
+    assert "aggregator" in json.loads(file.path.read_text())["mcpServers"]
+    commands.uninstall_client(file)
+    assert file.path.read_bytes() == original

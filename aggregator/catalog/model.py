@@ -17,6 +17,7 @@ from typing import Any, Literal
 SUMMARY_CHARS = 200
 MAX_NESTING = 64  # deeper schemas are dropped: clients' JSON parsers stop at about 128 levels
 DROPPED_MARK = "x-aggregator-dropped"  # set by the transport on an entry it could not read
+_HEAD_CHARS = 4096  # raw characters read for a summary, unless whitespace leaves too few
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)|[。！？]")
 _ABBREVIATIONS = ("e.g", "i.e", "etc", "vs", "cf", "approx", "incl", "no")
 
@@ -59,11 +60,18 @@ def nesting_exceeds(value: Any, limit: int) -> bool:
 
 
 def summarize(description: str | None) -> str:
-    """First sentence of a description, at most 200 characters."""
-    text = " ".join((description or "").split())
+    """First sentence of a description, at most 200 characters.
+
+    Only the head can be the summary (a sentence end past it is cut anyway), so only the head is
+    read: a 1 MB description costs what a short one does, and the abbreviation check (which looks
+    back at the words before each sentence end) stays linear.
+    """
+    raw = description or ""
+    head = " ".join(raw[:_HEAD_CHARS].split())
+    text = head if len(head) > SUMMARY_CHARS or len(raw) <= _HEAD_CHARS else " ".join(raw.split())
     if not text:
         return ""
-    first = _first_sentence(text)
+    first = _first_sentence(text[: SUMMARY_CHARS + 1])
     if len(first) > SUMMARY_CHARS:
         first = first[: SUMMARY_CHARS - 1].rstrip() + "…"
     return first

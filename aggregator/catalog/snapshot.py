@@ -1,4 +1,4 @@
-"""Catalog snapshots on disk: `<data dir>/catalogs/<upstream>.json` (DESIGN §3).
+"""Catalog snapshots on disk: `<data dir>/catalogs/<upstream>.<fingerprint>.json` (DESIGN §3).
 
 A snapshot is the last catalog an upstream listed (tools, prompts, resources,
 resource templates, its serverInfo and `instructions`), the time of that
@@ -12,7 +12,10 @@ Rules that keep bad input from losing anything:
   live listing);
 - the fingerprint covers transport, command, args, url, cwd and the *names* of
   env vars and headers, never their values, and only as a SHA-256 digest: a
-  changed definition invalidates the snapshot;
+  changed definition invalidates the snapshot. The file name carries the first 16 hex digits of
+  the fingerprint, so two configs that give one name to different servers keep a snapshot each
+  instead of overwriting each other's; a write removes that upstream's files unused for
+  `DEFAULT_MAX_AGE` (and the old unkeyed `<upstream>.json`);
 - writes go to a temporary file in the same directory, are fsynced, then
   `os.replace`d over the old file: two processes writing the same snapshot
   leave one whole file or the other, never a torn one;
@@ -29,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,8 +50,9 @@ from aggregator.catalog.model import (
     clean_tool,
     sorted_unique,
 )
-from aggregator.files import write_atomically
+from aggregator.files import read_regular_file, write_atomically
 from aggregator.log import get_logger
+from aggregator.safetext import scrub
 
 if TYPE_CHECKING:
     from aggregator.config import UpstreamConfig
@@ -214,25 +219,42 @@ class SnapshotDir:
         self._warned_unwritable = False
         self._warn_lock = threading.Lock()  # writes run in worker threads
 
-    def path(self, server: str) -> Path:
-        return self.directory / f"{server}.json"
+    def path(self, server: str, digest: str) -> Path:
+        return self.directory / f"{server}.{digest.rpartition(':')[2][:16]}.json"
+
+    def _others(self, server: str, digest: str) -> list[Path]:
+        """This upstream's snapshot files for other definitions (and the unkeyed file of old versions)."""
+        mine = self.path(server, digest)
+        found = [*self.directory.glob(f"{server}.*.json"), self.directory / f"{server}.json"]
+        return [path for path in found if path != mine and path.is_file()]
+
+    def _prune(self, server: str, digest: str, now: float | None = None) -> None:
+        """Remove this upstream's files of other definitions unused for DEFAULT_MAX_AGE (best effort)."""
+        now = time.time() if now is None else now
+        for path in self._others(server, digest):
+            try:
+                if path.name == f"{server}.json" or now - path.stat().st_mtime > DEFAULT_MAX_AGE:
+                    path.unlink()
+            except OSError:
+                continue
 
     def read(
         self, server: str, digest: str, max_age: float, hide: Callable[[str], bool], now: float | None = None
     ) -> Outcome:
         """The valid snapshot of `server`, or why there is none; logs a warning for a bad file."""
-        path = self.path(server)
+        path = self.path(server, digest)
         try:
-            with path.open("rb") as file:
-                raw = file.read(MAX_SNAPSHOT_BYTES + 1)
+            raw = read_regular_file(path, MAX_SNAPSHOT_BYTES)  # a FIFO there must not block initialize
         except FileNotFoundError:
+            if self.directory.is_dir() and self._others(server, digest):
+                return Outcome(None, stale="definition changed")
             return Outcome(None)
         except OSError as exc:
             return self._bad(server, path, f"unreadable ({exc.strerror or exc})")
         if len(raw) > MAX_SNAPSHOT_BYTES:
             return self._bad(server, path, f"larger than {MAX_SNAPSHOT_BYTES} bytes")
         try:
-            data = json.loads(raw)
+            data = scrub(json.loads(raw))  # a lone surrogate in a hand-edited or older file
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
             return self._bad(server, path, f"not valid JSON ({str(exc)[:120]})")
         try:
@@ -254,7 +276,7 @@ class SnapshotDir:
 
     def write(self, catalog: Catalog, digest: str) -> Path | None:
         """Write `catalog` atomically; None (and one warning per process) when that is impossible."""
-        path = self.path(catalog.server)
+        path = self.path(catalog.server, digest)
         try:
             payload = json.dumps(encode(catalog, digest), ensure_ascii=False, separators=(",", ":")).encode()
         except (TypeError, ValueError) as exc:
@@ -274,11 +296,12 @@ class SnapshotDir:
             else:
                 log.debug("snapshot not written", upstream=catalog.server, error=exc.strerror or str(exc))
             return None
+        self._prune(catalog.server, digest)
         return path
 
-    def remove(self, server: str) -> None:
-        """Delete the snapshot file of `server`, if any (best effort)."""
+    def remove(self, server: str, digest: str) -> None:
+        """Delete the snapshot file of `server` for the definition `digest`, if any (best effort)."""
         try:
-            self.path(server).unlink(missing_ok=True)
+            self.path(server, digest).unlink(missing_ok=True)
         except OSError as exc:
             log.debug("snapshot not removed", upstream=server, error=exc.strerror or str(exc))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import mcp.types as types
 
 from aggregator.catalog.search import ToolSearchIndex
+from aggregator.cli.progress import upstream_progress
 from aggregator.config import AggregatorConfig
 from aggregator.faults import PROGRAMMER_REASONS, Fault
 from aggregator.settings import Settings, resolve_data_dir
@@ -168,7 +170,9 @@ async def _call(args: argparse.Namespace, config: AggregatorConfig, settings: Se
             print(f"aggregator call: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
         request = {"server": args.server, "tool": args.tool, "arguments": arguments}
-        raw = _wire(await family.call_tool(request, ToolContext()))
+        with upstream_progress(f"{args.server} {args.tool}") as report:  # a bar on a terminal only
+            ctx = ToolContext(report_progress=report) if report is not None else ToolContext()
+            raw = _wire(await family.call_tool(request, ctx))
         is_error = bool(raw.get("isError"))
         fault = _fault_of(raw)
         if args.json:
@@ -187,7 +191,7 @@ def parse_call_arguments(arguments_json: str | None, pairs: list[str], schema: M
     arguments: dict[str, Any] = {}
     if arguments_json is not None:
         try:
-            parsed = json.loads(arguments_json)
+            parsed = strict_json(arguments_json, "--args")
         except json.JSONDecodeError as exc:
             raise ValueError(f"--args is not JSON ({exc.msg} at column {exc.colno})") from None
         if not isinstance(parsed, dict):
@@ -198,17 +202,39 @@ def parse_call_arguments(arguments_json: str | None, pairs: list[str], schema: M
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"{pair!r} is not key=value")
-        arguments[key] = _argument_value(value, properties.get(key) if isinstance(properties, dict) else None)
+        arguments[key] = _argument_value(value, properties.get(key) if isinstance(properties, dict) else None, key)
     return arguments
 
 
-def _argument_value(text: str, property_schema: Any) -> Any:
+def strict_json(text: str, what: str) -> Any:
+    """`json.loads`, refusing what JSON has no value for: NaN, Infinity, 1e999, nesting past the stack.
+
+    Python's parser would accept the first three (and send them on as null); the last raises
+    RecursionError. Each becomes a one-line ValueError naming `what`.
+    """
+
+    def constant(name: str) -> Any:
+        raise ValueError(f"{what}: {name} is not a JSON number; quote it to pass a string")
+
+    def number(literal: str) -> float:
+        value = float(literal)
+        if not math.isfinite(value):
+            raise ValueError(f"{what}: {literal} is too large for a JSON number")
+        return value
+
+    try:
+        return json.loads(text, parse_constant=constant, parse_float=number)
+    except RecursionError:
+        raise ValueError(f"{what} is nested too deep") from None
+
+
+def _argument_value(text: str, property_schema: Any, key: str) -> Any:
     """A key=value value: kept as written for a string argument, else JSON when it parses."""
     declared = property_schema.get("type") if isinstance(property_schema, dict) else None
     if declared == "string":
         return text
     try:
-        return json.loads(text)
+        return strict_json(text, key)
     except json.JSONDecodeError:
         return text
 

@@ -30,7 +30,7 @@ from aggregator.config.clients import (
     parse_document,
     read_client_file,
 )
-from aggregator.config.files import read_text
+from aggregator.config.files import decode_text, read_text
 from aggregator.config.importing import ImportPlan, everything_set, plan_import
 from aggregator.config.installing import (
     Backup,
@@ -49,7 +49,7 @@ from aggregator.config.roundtrip import FileChanged, backup, current_text, merge
 from aggregator.files import write_atomically
 from aggregator.settings import Settings
 from aggregator.suggest import did_you_mean
-from aggregator.table import render_table
+from aggregator.table import count, render_table
 
 __all__ = ["register"]
 
@@ -342,7 +342,7 @@ def install_client(
     saved = _write_client(file, original, new_text)
     moved = len(plan.items) - len(keep)
     return (
-        f"{file.client}: {file.path} now starts the aggregator with {target}; {moved} servers moved behind it"
+        f"{file.client}: {file.path} now starts the aggregator with {target}; {count(moved, 'server')} moved behind it"
         + (f", {len(keep)} kept in the client ({', '.join(keep)}: see import)" if keep else "")
         + f". Original kept as {saved}; undo with: aggregator uninstall {file.client}"
     )
@@ -384,7 +384,11 @@ def _before_install(file: ClientFile, original: str | None, previous: Backup | N
         if original is None:
             return b"", True
         raw = file.path.read_bytes()
-        if raw.decode("utf-8-sig", "replace") != original:
+        try:
+            unchanged = decode_text(raw) == original
+        except UnicodeDecodeError:
+            unchanged = False
+        if not unchanged:
             raise FileChanged(file.path)
         return raw, False
     older = previous.path.read_bytes()

@@ -9,6 +9,7 @@ prints one line naming the file, the key and the fix, and exits with code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -24,15 +25,16 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from aggregator import __version__
+from aggregator import __version__, sdk
 from aggregator.cli.progress import progress_line
 from aggregator.config import AggregatorConfig, ConfigError, load_config
 from aggregator.faults import Fault
 from aggregator.log import configure_logging, get_logger, redact_text, register_secrets
+from aggregator.safetext import escaped_output
 from aggregator.settings import Settings, load_settings, resolve_data_dir
 from aggregator.startup import settled_imports
 from aggregator.suggest import closest
-from aggregator.table import render_table
+from aggregator.table import count, render_table
 
 log = get_logger(__name__)
 
@@ -56,9 +58,12 @@ def _with_suggestion(message: str) -> str:
         return message
     choices = re.findall(r"'([^']*)'", found["choices"]) or found["choices"].split(", ")
     guess = closest(found["word"], choices)
+    what = (
+        "unknown command" if message.startswith("argument COMMAND:") else f"{message[: found.start()]}invalid choice:"
+    )
     if guess is None:
-        return message
-    return f"{message[: found.start()]}invalid choice: {found['word']!r}; did you mean {guess!r}?"
+        return f"{what} {found['word']!r} (choose from {', '.join(choices)})"
+    return f"{what} {found['word']!r}; did you mean {guess!r}?"
 
 
 def _port(text: str) -> int:
@@ -156,6 +161,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:  # `call S T --args '{...}' k=v`: argparse does not take positionals after an option
         args.pairs += extra
+    if args.command == "serve":  # stdout carries protocol messages only
+        return _dispatch(args, real_process=argv is None)
+    with escaped_output():  # an upstream's name, description or result never drives the terminal
+        return _dispatch(args, real_process=argv is None)
+
+
+def _dispatch(args: argparse.Namespace, *, real_process: bool) -> int:
+    """Load settings, logging and the config, then run the command; `real_process`: not a test calling main()."""
     try:
         settings = load_settings()
         register_secrets([settings.token.get_secret_value()] if settings.token else [])
@@ -174,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"aggregator: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    _report_broken(config, serving=args.command == "serve")
     if settings.max_result_bytes is not None:
         config = config.model_copy(update={"max_result_bytes": settings.max_result_bytes})
     commands: dict[str, Callable[[argparse.Namespace, AggregatorConfig, Settings], Awaitable[int]]] = {
@@ -182,7 +196,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         "search": _search,
         "refresh": _refresh,
     }
-    return _run(getattr(args, "handler", None) or commands[args.command], args, config, settings)
+    code = _run(getattr(args, "handler", None) or commands[args.command], args, config, settings)
+    if args.command == "serve" and real_process:
+        _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> typing.NoReturn:
+    """Leave without the interpreter's teardown, which frees every object one by one (a second or more on
+    a busy machine, while the client waits for us to go): every upstream is stopped and every line
+    written by now, so only the buffers are left to flush."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _report_broken(config: AggregatorConfig, *, serving: bool) -> None:
+    """One warning per upstream whose entry cannot be used here (it is left out; the others serve)."""
+    for name, problem in config.broken.items():
+        if serving:
+            log.warning("upstream disabled: its entry cannot be used here", upstream=name, problem=problem)
+        else:
+            print(f"aggregator: upstream {name} disabled: {problem} (see: aggregator doctor)", file=sys.stderr)
 
 
 def _default_log_level(args: argparse.Namespace, settings: Settings) -> str:
@@ -257,6 +296,8 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
     with settled_imports():  # the server's modules, frozen with the rest (issue 24: start-up)
         from aggregator.proxy.server import AggregatorServer
         from aggregator.upstream.pool import UpstreamPool
+    if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):  # as the server side does (proxy/server.py)
+        sdk.untraced_upstream_requests()
 
     data_dir = resolve_data_dir(args.data_dir, settings)
     token = settings.token.get_secret_value() if settings.token else None
@@ -281,10 +322,13 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
     if isinstance(claim, str):
         print(f"aggregator: {claim}", file=sys.stderr)
         return 0
+    if sock is not None:
+        print(_http_banner(sock, token), file=sys.stderr, flush=True)
     log.info("starting", config=config.source, upstreams=len(config.upstreams), transport=args.transport)
+    serving = anyio.CancelScope()  # a signal ends the serving only: the pool then stops its upstreams in order
     status = 0
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_stop_on_signal, tg.cancel_scope)
+        tg.start_soon(_stop_on_signal, serving)
         watch = Path(config.source) if Path(config.source).is_file() else None  # not the built-in default
         async with UpstreamPool.running(config, data_dir, watch=watch) as pool:
             try:
@@ -300,29 +344,42 @@ async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: S
                 tg.cancel_scope.cancel()
                 await anyio.lowlevel.checkpoint()  # the cancellation unwinds the pool and the task group
             async with server.running():
-                if claim is not None:
-                    await service.run_service(server, claim, settings)
-                elif sock is None:
-                    await _serve_stdio(server, settings)
-                else:
-                    limits = HttpLimits(
-                        max_sessions=settings.http_max_sessions,
-                        max_sessions_per_client=settings.http_max_sessions_per_client,
-                        session_idle_seconds=settings.http_session_idle_seconds,
-                        header_timeout=settings.http_header_timeout,
-                        body_timeout=settings.http_body_timeout,
-                    )
-                    app = build_app(
-                        server,
-                        host=args.host,
-                        port=args.port,
-                        token=token,
-                        allowed_hosts=args.allow_host,
-                        limits=limits,
-                    )
-                    await serve_http(app, sock, limits=limits)
+                with serving:
+                    if claim is not None:
+                        await service.run_service(server, claim, settings)
+                    elif sock is None:
+                        await _serve_stdio(server, settings)
+                    else:
+                        limits = HttpLimits(
+                            max_sessions=settings.http_max_sessions,
+                            max_sessions_per_client=settings.http_max_sessions_per_client,
+                            session_idle_seconds=settings.http_session_idle_seconds,
+                            header_timeout=settings.http_header_timeout,
+                            body_timeout=settings.http_body_timeout,
+                        )
+                        app = build_app(
+                            server,
+                            host=args.host,
+                            port=args.port,
+                            token=token,
+                            allowed_hosts=args.allow_host,
+                            limits=limits,
+                        )
+                        await serve_http(app, sock, limits=limits)
         tg.cancel_scope.cancel()
     return status
+
+
+def _http_banner(sock: Any, token: str | None) -> str:
+    """Where clients connect, and where the bearer token comes from (never the token itself)."""
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    auth = (
+        "clients send 'Authorization: Bearer <the value of AGGREGATOR_TOKEN>'"
+        if token
+        else "no token required (set AGGREGATOR_TOKEN to require one)"
+    )
+    return f"aggregator: serving MCP at http://{shown}:{port}/mcp; {auth}; Ctrl-C stops"
 
 
 async def _serve_stdio(server: Any, settings: Settings) -> None:
@@ -356,6 +413,7 @@ async def _list_upstreams(args: argparse.Namespace, config: AggregatorConfig, se
             with progress_line("probing upstreams", len(pool.upstream_names())) as advance:
                 await pool.start_all(on_done=advance)
         rows = [_status_row(status) for status in pool.statuses()]
+        rows += [_broken_row(name, problem) for name, problem in config.broken.items()]
         elapsed = time.monotonic() - started
     if args.json:
         print(json.dumps({"config": config.source, "upstreams": rows}, indent=2, ensure_ascii=False))
@@ -365,7 +423,7 @@ async def _list_upstreams(args: argparse.Namespace, config: AggregatorConfig, se
         print(_table(rows, columns))
         if args.probe:
             failed = [row for row in rows if row["state"] not in ("ready",)]
-            print(f"\nprobed {len(rows)} upstreams in {elapsed:.2f}s; {len(rows) - len(failed)} ready")
+            print(f"\nprobed {count(len(rows), 'upstream')} in {elapsed:.2f} s; {len(rows) - len(failed)} ready")
             for row in failed:
                 if row["stderr_tail"]:
                     print(f"\n--- {row['name']} stderr (last lines) ---")
@@ -392,21 +450,49 @@ def _status_row(status: Any) -> dict[str, Any]:
     }
 
 
+def _broken_row(name: str, problem: str) -> dict[str, Any]:
+    """A row for an upstream left out because its entry cannot be used here."""
+    empty = dict.fromkeys(("transport", "description", "tools", "catalog_age", "handshake", "snapshot_tools"))
+    return {
+        **empty,
+        "name": name,
+        "state": "disabled",
+        "last_error": problem,
+        "stderr_tail": [],
+        "snapshot_age": None,
+        "snapshot": None,
+    }
+
+
 def _snapshot_cell(status: Any) -> str | None:
     """`12 tools, 3h old`, or why there is no usable snapshot."""
     from aggregator.catalog.model import age_text
 
     if status.snapshot_tool_count is not None:
-        return f"{status.snapshot_tool_count} tools, {age_text(status.snapshot_age or 0.0)} old"
+        return f"{count(status.snapshot_tool_count, 'tool')}, {age_text(status.snapshot_age or 0.0)} old"
     return f"ignored: {status.snapshot_note}" if status.snapshot_note else None
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    def cell(value: Any) -> str:
-        text = "-" if value is None else (str(value).splitlines() or [""])[0]
-        return text if len(text) <= 70 else text[:69] + "…"
+    """One line per row; the last column (an error, a note) is never cut, the others at 70 characters."""
 
-    return render_table(columns, [[cell(row[c]) for c in columns] for row in rows])
+    def cell(column: str, value: Any) -> str:
+        if isinstance(value, int | float) and column in _UNITS:
+            value = _UNITS[column](value)
+        text = "-" if value is None else (str(value).splitlines() or [""])[0]
+        return text if column == columns[-1] or len(text) <= 70 else text[:69] + "…"
+
+    return render_table(columns, [[cell(c, row[c]) for c in columns] for row in rows])
+
+
+def _age(seconds: float) -> str:
+    from aggregator.catalog.model import age_text
+
+    return age_text(seconds)
+
+
+_UNITS: dict[str, Callable[[float], str]] = {"handshake": lambda s: f"{s:.2f} s", "catalog_age": _age}
+"""Table cells shown with their unit (the JSON keeps plain numbers of seconds)."""
 
 
 # ---------------------------------------------------------------- search
@@ -456,7 +542,8 @@ async def _refresh(args: argparse.Namespace, config: AggregatorConfig, settings:
     data_dir = _data_dir(args, settings)
     async with UpstreamPool.running(config, data_dir) as pool:
         started = time.monotonic()
-        outcome = await pool.start_all(names)
+        with progress_line("refreshing upstreams", len(names)) as advance:
+            outcome = await pool.start_all(names, on_done=advance)
         await pool.flush_snapshots()
         elapsed = time.monotonic() - started
         rows = [_refresh_row(pool, name, fault) for name, fault in outcome.items()]
@@ -466,7 +553,7 @@ async def _refresh(args: argparse.Namespace, config: AggregatorConfig, settings:
         print(f"snapshots: {data_dir / 'catalogs'}")
         print(_table(rows, ["name", "state", "tools", "handshake", "snapshot"]))
         done = sum(1 for row in rows if row["written"])
-        print(f"\nrefreshed {done} of {len(rows)} snapshots in {elapsed:.2f}s")
+        print(f"\nrefreshed {done} of {count(len(rows), 'snapshot')} in {elapsed:.2f} s")
     return 0 if all(row["written"] for row in rows) else 1
 
 

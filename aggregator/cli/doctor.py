@@ -27,8 +27,11 @@ from aggregator.config.clients import Places, client_files, read_client_file
 from aggregator.config.expand import required_variables
 from aggregator.config.files import config_lookup, read_text
 from aggregator.config.importing import everything_set, is_aggregator_entry
+from aggregator.config.launcher import missing_command
 from aggregator.config.load import load_config, written_servers
 from aggregator.settings import Settings, resolve_data_dir
+from aggregator.table import count
+from aggregator.upstream.auth import login_command
 
 __all__ = ["register"]
 
@@ -64,9 +67,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 async def _doctor(args: argparse.Namespace, settings: Settings) -> int:
     findings: list[Finding] = []
     config = check_config(getattr(args, "config", None), os.environ, Path.cwd(), findings)
+    data_dir = resolve_data_dir(None, settings)
     if config is not None:
-        await check_upstreams(config, findings, probe=not args.no_probe)
-    findings.append(check_data_dir(resolve_data_dir(None, settings)))
+        await check_upstreams(config, findings, probe=not args.no_probe, data_dir=data_dir)
+    findings.append(check_data_dir(data_dir))
     findings += check_clients(Places.here())
     findings.append(check_service(args))
     problems = sum(f.level == "problem" for f in findings)
@@ -96,10 +100,11 @@ def check_config(
     findings.append(Finding("ok", "config", f"{path}, {why}"))
     try:
         text = read_text(path)
-        parse_config(text, str(path), environ=everything_set())  # shape first: unset variables come next
+        shape = parse_config(text, str(path), environ=everything_set())  # shape first: unset variables come next
     except ConfigError as exc:
         findings.append(Finding("problem", "config", f"{exc.message.split(' Fix: ')[0]}", exc.fix))
         return None
+    findings += _broken_entries(shape.broken)
     missing = _unset_variables(text, path, environ)
     findings.append(Finding("ok", "config", "valid" + (" (variables aside)" if missing else "")))
     for name, variables in missing.items():
@@ -116,6 +121,15 @@ def check_config(
     config = parse_config(text, str(path), environ={**placeholders, **environ})
     complete = {name: up for name, up in config.upstreams.items() if name not in missing}
     return config.model_copy(update={"upstreams": complete})
+
+
+def _broken_entries(broken: Mapping[str, str]) -> list[Finding]:
+    """An entry this aggregator cannot use whatever the environment (`${input:...}`, unknown transport)."""
+    findings = []
+    for name, message in broken.items():
+        problem, _, fix = message.partition(". Fix: ")
+        findings.append(Finding("problem", f"upstream {name}", f"disabled: {problem}", fix.rstrip(".")))
+    return findings
 
 
 def _unset_variables(text: str, path: Path, environ: Mapping[str, str]) -> dict[str, list[str]]:
@@ -143,9 +157,13 @@ def _strings(value: Any) -> Iterator[str]:
 # ---------------------------------------------------------------- upstreams
 
 
-async def check_upstreams(config: AggregatorConfig, findings: list[Finding], *, probe: bool) -> None:
+async def check_upstreams(
+    config: AggregatorConfig, findings: list[Finding], *, probe: bool, data_dir: Path | None = None
+) -> None:
+    from aggregator.upstream.auth import Authenticator, TokenStore
     from aggregator.upstream.pool import UpstreamPool
 
+    store = TokenStore.in_data_dir(data_dir) if data_dir is not None else TokenStore(None)
     reachable: dict[str, UpstreamConfig] = {}
     for name, upstream in config.upstreams.items():
         problem = _command_problem(upstream) if upstream.transport == "stdio" else await _url_problem(upstream)
@@ -154,21 +172,42 @@ async def check_upstreams(config: AggregatorConfig, findings: list[Finding], *, 
         else:
             reachable[name] = upstream
     if not probe or not reachable:
-        findings += [Finding("ok", f"upstream {name}", "found (not probed)") for name in reachable if not probe]
+        findings += [_unprobed(upstream, store) for upstream in reachable.values() if not probe]
         return
-    async with UpstreamPool.running(config.model_copy(update={"upstreams": reachable})) as pool:
+    probed = config.model_copy(update={"upstreams": reachable})
+    async with UpstreamPool.running(probed, authenticator=Authenticator(store)) as pool:
         with progress_line("probing upstreams", len(reachable)) as advance:
             await pool.start_all(on_done=advance)
         for status in pool.statuses():
             subject = f"upstream {status.name}"
             if status.state == "ready":
-                detail = f"ready, {status.tool_count} tools, handshake {status.handshake_seconds or 0:.2f}s"
+                tools = count(status.tool_count or 0, "tool")
+                detail = f"ready, {tools}, handshake {status.handshake_seconds or 0:.2f} s"
                 findings.append(Finding("ok", subject, detail))
             else:
                 error = status.last_error or "did not start"
                 last = status.stderr_tail[-1] if status.stderr_tail else ""
                 detail = f"{status.state}: {error}" + (f" (stderr: {last})" if last and last not in error else "")
-                findings.append(Finding("problem", subject, detail, "run its command by hand to see why it fails"))
+                fix = "run its command by hand to see why it fails"
+                if "sign-in needed" in error:
+                    detail, fix = "sign-in needed", f"run `{login_command(status.name)}`"
+                findings.append(Finding("problem", subject, detail, fix))
+
+
+def _unprobed(upstream: UpstreamConfig, store: Any) -> Finding:
+    """Found, not probed; for an upstream that signs in, whether a token is stored."""
+    from aggregator.cli.auth import sign_in_state
+    from aggregator.upstream.auth import uses_oauth
+
+    subject = f"upstream {upstream.name}"
+    if not uses_oauth(upstream):
+        return Finding("ok", subject, "found (not probed)")
+    state = sign_in_state(store, upstream)["state"]
+    if state == "signed out" and upstream.auth is None:  # OAuth only if the server asks for it: unknown here
+        return Finding("ok", subject, "found (not probed)")
+    if state == "signed out":
+        return Finding("note", subject, "found (not probed); not signed in", f"run `{login_command(upstream.name)}`")
+    return Finding("ok", subject, f"found (not probed); {state}")
 
 
 def _command_problem(upstream: UpstreamConfig) -> Finding | None:
@@ -230,6 +269,20 @@ def check_service(args: argparse.Namespace) -> Finding:
     return Finding(level, "service", detail, fix)
 
 
+def _gone_launchers(file: Any, entries: list[dict[str, Any]]) -> list[Finding]:
+    """A client entry whose aggregator command is gone (a deleted checkout's venv): the client cannot start it."""
+    return [
+        Finding(
+            "problem",
+            f"client {file.label}",
+            f"{file.path}: the aggregator entry runs {entry['command']}, which no longer exists",
+            f"aggregator install {file.client} (after installing the aggregator with pipx or uv tool install)",
+        )
+        for entry in entries
+        if isinstance(entry.get("command"), str) and missing_command(entry["command"])
+    ]
+
+
 def check_clients(places: Places) -> list[Finding]:
     """Which client files start the aggregator; a client file that does not parse is a problem."""
     findings: list[Finding] = []
@@ -243,8 +296,10 @@ def check_clients(places: Places) -> list[Finding]:
             fix = f"correct the file (in {file.client} or by hand)"
             findings.append(Finding("problem", f"client {file.label}", f"{file.path}: {exc.problem}", fix))
             continue
-        if any(isinstance(entry, dict) and is_aggregator_entry(entry) for entry in servers.values()):
+        entries = [entry for entry in servers.values() if isinstance(entry, dict) and is_aggregator_entry(entry)]
+        if entries:
             installed.append(f"{file.label} ({file.path})")
+        findings += _gone_launchers(file, entries)
     if installed:
         findings.append(Finding("ok", "clients", "the aggregator is installed in " + ", ".join(installed)))
     else:

@@ -12,7 +12,6 @@ with no client attached.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import signal
@@ -52,11 +51,19 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     connect = sub.add_parser(
         "connect",
         parents=[common],
-        help="what an MCP client runs: attach to this user's aggregator service (starting it), carry stdio",
+        help="what an MCP client runs: attach to this user's aggregator service (starting it), hand it stdio",
+        description="What a client's config runs instead of serve: attach to the running aggregator service of this "
+        "user and config (starting it when none runs) and carry the client's stdio to it. One set of upstreams "
+        "serves every client (docs/service.md).",
     )
     connect.add_argument("--data-dir", type=Path, help="where indexes and snapshots live (as for serve)")
     connect.set_defaults(standalone=_connect)
-    service = sub.add_parser("service", parents=[common], help="the per-user service behind `connect`")
+    service = sub.add_parser(
+        "service",
+        parents=[common],
+        help="the per-user service behind `connect`",
+        description="Operate the per-user service that `connect` attaches to: status, stop, logs.",
+    )
     actions = service.add_subparsers(dest="action", required=True)
     for name, what, handler in (
         ("status", "pid, socket, uptime, clients, upstreams, memory", _status),
@@ -105,6 +112,8 @@ class Claim:
 
 def claim_service(args: argparse.Namespace, config_source: str) -> Claim | str:
     """Take the pid lock of this user's service for this config, or say why not (another one runs)."""
+    import fcntl  # not at the top: the CLI imports this module on Windows too, where there is no service
+
     files = files_for(args)
     private_dir(files.directory)
     fd = os.open(files.pid, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

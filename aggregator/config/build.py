@@ -11,13 +11,14 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from aggregator.config.envfile import read_env_file
-from aggregator.config.errors import ConfigError, Context, KeyPath
+from aggregator.config.errors import ConfigError, Context, EntryError, KeyPath
 from aggregator.config.expand import Expander
 from aggregator.config.models import (
     DEFAULT_TIMEOUTS,
     NAME_PATTERN,
     RESERVED_NAME,
     AggregatorConfig,
+    OwnTools,
     Timeouts,
     UpstreamConfig,
 )
@@ -47,6 +48,7 @@ def build_config(data: Any, ctx: Context) -> AggregatorConfig:
     client_shape = section != "upstreams"
     _check_top_keys(data, client_shape, ctx)
     defaults = _build_defaults(data.get("defaults"), ctx)
+    own_tools = _build_own_tools(data.get("own_tools"), ctx)
     timeouts = _default_timeouts(defaults)
     servers = data.get(section)
     if servers is None:
@@ -57,6 +59,7 @@ def build_config(data: Any, ctx: Context) -> AggregatorConfig:
         )
     upstreams: dict[str, UpstreamConfig] = {}
     disabled: list[str] = []
+    broken: dict[str, str] = {}
     seen: dict[str, str] = {}
     for raw_name, entry in servers.items():
         name = _check_name(raw_name, section, seen, ctx)
@@ -65,13 +68,20 @@ def build_config(data: Any, ctx: Context) -> AggregatorConfig:
         if isinstance(model, RawClientServer) and model.disabled:
             disabled.append(name)
             continue
-        upstreams[name] = _build_upstream(name, model, path, timeouts, defaults, ctx)
+        try:
+            upstreams[name] = _build_upstream(name, model, path, timeouts, defaults, ctx)
+        except EntryError as exc:  # this upstream alone is unusable here; the others serve
+            if ctx.strict:
+                raise
+            broken[name] = exc.message.split(": ", 1)[1]  # without the file: the config names it
     return AggregatorConfig(
         upstreams=upstreams,
         timeouts=timeouts,
         max_result_bytes=defaults.max_result_bytes,
         source=ctx.source,
         disabled=sorted(disabled),
+        broken=broken,
+        own_tools=own_tools,
     )
 
 
@@ -110,6 +120,17 @@ def _build_defaults(raw: Any, ctx: Context) -> RawDefaults:
         raise ctx.error(("defaults",), "must be a mapping", "write defaults: {timeouts: {connect: 10, call: 60}}")
     model = _validate(RawDefaults, raw, ("defaults",), ctx)
     assert isinstance(model, RawDefaults)
+    return model
+
+
+def _build_own_tools(raw: Any, ctx: Context) -> OwnTools:
+    if raw is None:
+        return OwnTools()
+    if not isinstance(raw, dict):
+        fix = "write own_tools: {introspection: false, text_index: false}"
+        raise ctx.error(("own_tools",), "must be a mapping", fix)
+    model = _validate(OwnTools, raw, ("own_tools",), ctx)
+    assert isinstance(model, OwnTools)
     return model
 
 
@@ -216,6 +237,7 @@ def _build_upstream(
             raise ctx.error((*path, "serverUrl"), "both url and serverUrl are given", "keep one of them")
         url, url_key = client.serverUrl, "serverUrl"
     _check_endpoint(raw, url, url_key, path, ctx)
+    _check_auth(raw, path, ctx)
     transport = resolve_transport(raw, url, path, ctx)
     expand = Expander(ctx, path)
     env = dict(raw.env)
@@ -258,12 +280,15 @@ def _build_upstream(
         max_message_bytes=raw.max_message_bytes if raw.max_message_bytes is not None else defaults.max_message_bytes,
         auth=raw.auth,
         scopes=list(dict.fromkeys(raw.scopes)),
-        client_id=expand.optional(raw.client_id, ("client_id",)),
-        client_secret=expand.optional(raw.client_secret, ("client_secret",)),
-        client_metadata_url=expand.optional(raw.client_metadata_url, ("client_metadata_url",)),
-        client_private_key=expand.optional(raw.client_private_key, ("client_private_key",)),
+        client_id=expand.optional(raw.client_id, ("client_id",)) or None,
+        client_secret=expand.optional(raw.client_secret, ("client_secret",)) or None,
+        client_metadata_url=expand.optional(raw.client_metadata_url, ("client_metadata_url",)) or None,
+        client_private_key=expand.optional(raw.client_private_key, ("client_private_key",)) or None,
         client_signing_algorithm=raw.client_signing_algorithm,
-        issuer=expand.optional(raw.issuer, ("issuer",)),
+        issuer=expand.optional(raw.issuer, ("issuer",)) or None,
+        idp_token_endpoint=expand.optional(raw.idp_token_endpoint, ("idp_token_endpoint",)) or None,
+        idp_id_token=expand.optional(raw.idp_id_token, ("idp_id_token",)) or None,
+        idp_client_id=expand.optional(raw.idp_client_id, ("idp_client_id",)) or None,
     )
 
 
@@ -303,6 +328,23 @@ def _check_endpoint(raw: RawUpstream, url: str | None, url_key: str, path: KeyPa
             "headers apply only to a remote server (url)",
             "remove headers, or pass the values through env:",
         )
+
+
+_AUTH_NEEDS: dict[str, tuple[tuple[str, ...], ...]] = {  # each inner tuple: one of these keys
+    "client_credentials": (("client_id",), ("client_secret", "client_private_key")),
+    "identity_assertion": (("client_id",), ("client_secret",), ("issuer",), ("idp_token_endpoint",), ("idp_id_token",)),
+}
+
+
+def _check_auth(raw: RawUpstream, path: KeyPath, ctx: Context) -> None:
+    """The keys an `auth:` kind cannot work without."""
+    for keys in _AUTH_NEEDS.get(raw.auth or "", ()):
+        if not any(getattr(raw, key) for key in keys):
+            raise ctx.error(
+                (*path, "auth"),
+                f"auth: {raw.auth} needs {' or '.join(keys)}",
+                f"add {keys[0]}: (see docs/oauth.md)",
+            )
 
 
 def _home(value: str | None, ctx: Context) -> str | None:

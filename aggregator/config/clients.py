@@ -64,7 +64,8 @@ class ClientFile:
     path: Path
     format: Format
     section: tuple[str, ...]  # key path to the servers mapping, e.g. ("mcp", "servers")
-    scope: str  # "user" or "project"
+    scope: str  # "user", "project" or "local" (Claude Code's per-project entries in ~/.claude.json)
+    project: Path | None = None  # the directory a project's servers run in (their relative paths' base)
 
     @property
     def label(self) -> str:
@@ -82,12 +83,16 @@ def client_files(places: Places, clients: tuple[str, ...] = CLIENTS) -> list[Cli
     table = [
         ClientFile("claude-desktop", app / "Claude" / "claude_desktop_config.json", "json", ("mcpServers",), "user"),
         ClientFile("claude-code", places.home / ".claude.json", "json", ("mcpServers",), "user"),
-        ClientFile("claude-code", places.cwd / ".mcp.json", "json", ("mcpServers",), "project"),
+        # `claude mcp add` (default scope "local") writes projects.<project dir>.mcpServers
+        ClientFile(
+            "claude-code", places.home / ".claude.json", "json", _local_section(places.cwd), "local", places.cwd
+        ),
+        ClientFile("claude-code", places.cwd / ".mcp.json", "json", ("mcpServers",), "project", places.cwd),
         ClientFile("cursor", places.home / ".cursor" / "mcp.json", "json", ("mcpServers",), "user"),
-        ClientFile("cursor", places.cwd / ".cursor" / "mcp.json", "json", ("mcpServers",), "project"),
+        ClientFile("cursor", places.cwd / ".cursor" / "mcp.json", "json", ("mcpServers",), "project", places.cwd),
         ClientFile("vscode", vscode_user / "mcp.json", "json", ("servers",), "user"),
         ClientFile("vscode", vscode_user / "settings.json", "json", ("mcp", "servers"), "user settings"),
-        ClientFile("vscode", places.cwd / ".vscode" / "mcp.json", "json", ("servers",), "project"),
+        ClientFile("vscode", places.cwd / ".vscode" / "mcp.json", "json", ("servers",), "project", places.cwd),
         ClientFile(
             "windsurf", places.home / ".codeium" / "windsurf" / "mcp_config.json", "json", ("mcpServers",), "user"
         ),
@@ -115,7 +120,26 @@ def read_client_file(file: ClientFile) -> ClientServers:
     if not isinstance(section, dict):
         where = ".".join(file.section)
         raise ConfigError(str(file.path), where, "is not a mapping of server names", f"fix {where} in the file")
-    return ClientServers(file, dict(section))
+    if file.project is None:
+        return ClientServers(file, dict(section))
+    return ClientServers(file, {name: in_project(entry, file.project) for name, entry in section.items()})
+
+
+def _local_section(project: Path) -> tuple[str, ...]:
+    return ("projects", str(project.absolute()), "mcpServers")
+
+
+def in_project(entry: Any, project: Path) -> Any:
+    """A project's local server as the client runs it, from anywhere: its `cwd` is the project (a
+    relative `cwd` joined to it), so `--repository .` or `node build/index.js` keep meaning that project."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("command"), str) or entry.get("url"):
+        return entry
+    cwd = entry.get("cwd")
+    if cwd is None:
+        return {**entry, "cwd": str(project.absolute())}
+    if isinstance(cwd, str) and not cwd.startswith(("~", "$")) and not Path(cwd).is_absolute():
+        return {**entry, "cwd": os.path.normpath(project.absolute() / cwd)}
+    return entry
 
 
 def parse_document(text: str, file: ClientFile) -> Any:

@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ruamel.yaml.error import YAMLError
-
 from aggregator.config.errors import ConfigError
 from aggregator.config.models import NAME_PATTERN, RESERVED_NAME
 from aggregator.config.roundtrip import _yaml, merge_servers_yaml
@@ -92,6 +90,8 @@ def add_server(text: str, source: str, section: str, name: str, entry: Mapping[s
 
 def remove_server(text: str, source: str, section: str, name: str) -> str:
     """`text` without the entry `name` of `section`; every other line as the user wrote it."""
+    from ruamel.yaml.error import YAMLError  # on first use: `serve` never edits a file (issue 24, start-up)
+
     yaml = _yaml()
     try:
         data = yaml.load(text)

@@ -42,6 +42,12 @@ class ConfigError(Exception):
         return self.message
 
 
+class EntryError(ConfigError):
+    """A problem confined to one upstream's entry that this machine or the client decides (an unset variable,
+    a VS Code ``${input:...}`` prompt, a transport we do not speak): that upstream is disabled with a warning,
+    the others serve. Every other problem refuses the whole file."""
+
+
 def one_line(text: str) -> str:
     """Whitespace runs become one space; other unprintable characters are shown as ``U+XXXX``."""
     return "".join(c if c.isprintable() else f"U+{ord(c):04X}" for c in " ".join(text.split()))
@@ -55,9 +61,13 @@ class Context:
     lines: Lines
     environ: Mapping[str, str]
     base_dir: Path | None
+    strict: bool = False  # an EntryError refuses the whole file too (checks that want every problem)
 
     def error(self, path: KeyPath, problem: str, fix: str) -> ConfigError:
         return ConfigError(self.source, dotted(path) or None, problem, fix, line=self._line(path))
+
+    def entry_error(self, path: KeyPath, problem: str, fix: str) -> EntryError:
+        return EntryError(self.source, dotted(path) or None, problem, fix, line=self._line(path))
 
     def _line(self, path: KeyPath) -> int | None:
         for end in range(len(path), 0, -1):

@@ -33,7 +33,7 @@ class Expander:
         try:
             return expand(value, self._lookup)
         except ExpansionError as exc:
-            raise self._ctx.error((*self._path, *key), exc.problem, exc.fix) from None
+            raise self._ctx.entry_error((*self._path, *key), exc.problem, exc.fix) from None
 
     def _lookup(self, name: str) -> str | None:
         found = self._ctx.environ.get(name)

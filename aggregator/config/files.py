@@ -9,10 +9,12 @@ from pathlib import Path
 import platformdirs
 
 from aggregator.config.errors import ConfigError
+from aggregator.files import read_regular_file
 
-__all__ = ["CONFIG_FILE_NAME", "config_lookup", "find_config_path", "read_text", "user_config_file"]
+__all__ = ["CONFIG_FILE_NAME", "config_lookup", "decode_text", "find_config_path", "read_text", "user_config_file"]
 
 CONFIG_FILE_NAME = "aggregator.yaml"
+MAX_CONFIG_BYTES = 64 << 20
 
 
 def user_config_file() -> Path:
@@ -62,9 +64,17 @@ def _require_file(path: Path, origin: str) -> Path:
 
 
 def read_text(path: Path) -> str:
-    """The file's text (UTF-8, a BOM dropped); problems become one-line `ConfigError`s."""
+    """The file's text (UTF-8, a BOM dropped); problems become one-line `ConfigError`s.
+
+    Only a regular file is read (a FIFO there would block the reader forever), up to
+    `MAX_CONFIG_BYTES`.
+    """
     try:
-        return path.read_text(encoding="utf-8-sig")
+        raw = read_regular_file(path, MAX_CONFIG_BYTES)
+        if len(raw) > MAX_CONFIG_BYTES:
+            problem = f"the file is larger than {MAX_CONFIG_BYTES >> 20} MiB"
+            raise ConfigError(str(path), None, problem, "is this the right file?")
+        return decode_text(raw)
     except UnicodeDecodeError:
         raise ConfigError(str(path), None, "the file is not UTF-8 text", "save it as UTF-8") from None
     except FileNotFoundError:
@@ -72,3 +82,8 @@ def read_text(path: Path) -> str:
     except OSError as exc:
         problem = f"cannot read the file ({exc.strerror or type(exc).__name__})"
         raise ConfigError(str(path), None, problem, "check the path and its permissions") from None
+
+
+def decode_text(raw: bytes) -> str:
+    """A file's bytes as `read_text` gives them: UTF-8, a BOM dropped, newlines as text mode reads them."""
+    return raw.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n")

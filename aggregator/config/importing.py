@@ -10,6 +10,8 @@ disabled one, or one we cannot express is skipped with the reason.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -29,6 +31,7 @@ __all__ = [
     "client_only_variable",
     "everything_set",
     "is_aggregator_entry",
+    "mcp_remote",
     "plan_import",
     "translate",
 ]
@@ -108,8 +111,11 @@ def translate(entry: Any, client: str) -> tuple[dict[str, Any] | None, str]:
         return None, "disabled in the client"
     if entry.get("envFile") is not None:
         return None, "uses envFile, which aggregator.yaml does not read: copy its variables into env:"
+    remote = mcp_remote(entry)
+    if remote is not None:
+        entry = remote
     out: dict[str, Any] = {}
-    for key in ("command", "args", "env", "cwd", "headers"):
+    for key in ("command", "args", "env", "cwd", "headers", "auth", "client_id", "client_secret"):
         if entry.get(key) not in (None, [], {}):
             out[key] = entry[key]
     url = entry.get("url", entry.get("serverUrl"))
@@ -122,12 +128,51 @@ def translate(entry: Any, client: str) -> tuple[dict[str, Any] | None, str]:
     if isinstance(kind, str):
         shape["mcpServers"]["s"]["type"] = kind
     try:
-        resolved = parse_config(json.dumps(shape), "<client>.json", environ=everything_set()).upstreams["s"]
+        checked = parse_config(json.dumps(shape), "<client>.json", environ=everything_set(), strict=True)
+        resolved = checked.upstreams["s"]
     except ConfigError as exc:
         return None, f"{exc.problem}; fix: {exc.fix}"
     if resolved.transport != "stdio" and not (resolved.transport == "http" and kind is None):
         out["transport"] = resolved.transport
     return out, ""
+
+
+_LAUNCHERS = ("npx", "bunx", "pnpx", "pnpm", "yarn", "dlx")
+_REMOTE_TRANSPORTS = {"sse-only": "sse", "http-only": "http"}
+
+
+def mcp_remote(entry: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A `npx mcp-remote URL [--header K:V] [--transport sse-only|http-only] [--static-oauth-client-info
+    JSON]` entry as the native remote upstream it wraps (`url:` with `auth: oauth`), else None.
+
+    `${VAR}` in a header is mcp-remote's reference to the entry's `env`; its value is taken from there.
+    """
+    command = entry.get("command")
+    args = [str(a) for a in entry.get("args") or [] if isinstance(a, str | int)]
+    program = PurePath(str(command).replace("\\", "/")).name.lower().removesuffix(".cmd").removesuffix(".exe")
+    tool = next((i for i, a in enumerate(args) if re.fullmatch(r"mcp-remote(@[\w.^~-]+)?", a)), None)
+    if program not in _LAUNCHERS or tool is None:
+        return None
+    rest = args[tool + 1 :]
+    url = next((a for a in rest if re.match(r"https?://", a)), None)
+    if url is None:
+        return None
+    env: Mapping[str, Any] = entry["env"] if isinstance(entry.get("env"), Mapping) else {}
+    out: dict[str, Any] = {"url": url, "auth": "oauth"}
+    for flag, value in itertools.pairwise(rest):
+        if flag == "--header" and ":" in value:
+            key, _, text = value.partition(":")
+            text = re.sub(r"\$\{(\w+)\}", lambda m: str(env.get(m.group(1), m.group(0))), text.strip())
+            out.setdefault("headers", {})[key.strip()] = text
+        elif flag == "--transport" and value in _REMOTE_TRANSPORTS:
+            out["type"] = _REMOTE_TRANSPORTS[value]
+        elif flag == "--static-oauth-client-info":
+            with contextlib.suppress(ValueError, AttributeError):
+                info = json.loads(value)
+                out |= {k: str(info[k]) for k in ("client_id", "client_secret") if info.get(k)}
+    if any(key.lower() == "authorization" for key in out.get("headers", {})):
+        del out["auth"]  # a static token: no sign-in
+    return out
 
 
 def _codex_keys(entry: Mapping[str, Any], out: dict[str, Any]) -> None:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any
 
 from aggregator.config.clients import ClientFile, parse_document
 from aggregator.config.importing import is_aggregator_entry
+from aggregator.config.launcher import launcher_command
 from aggregator.config.models import RESERVED_NAME
 
 __all__ = [
@@ -47,11 +46,9 @@ _MISSING = object()
 
 
 def aggregator_command() -> list[str]:
-    """The absolute command that starts this aggregator: its console script, else ``python -m aggregator``."""
-    script = Path(sys.executable).parent / ("aggregator.exe" if os.name == "nt" else "aggregator")
-    if script.is_file():
-        return [str(script.absolute())]
-    return [str(Path(sys.executable).absolute()), "-m", "aggregator"]
+    """The absolute command that starts this aggregator: `aggregator` on PATH, its console script, else
+    ``python -m aggregator`` (see `launcher_command`)."""
+    return launcher_command()
 
 
 def entry_args(config: Path, *, shared: bool = True) -> list[str]:

@@ -1,6 +1,8 @@
 """JSON as clients write it (VS Code's JSONC: comments, trailing commas) → Python data.
 
-Read with the ``json5`` parser, a superset of JSONC; duplicate keys are errors, as in YAML.
+Read with the ``json5`` parser, a superset of JSONC; duplicate keys are errors, as in YAML. A raw
+control character (U+0000-U+001F but tab, newline and carriage return) is refused before parsing,
+as JSON and YAML refuse it: json5 would take it inside a string (``"command": "x<U+0001>"``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from aggregator.config.errors import ConfigError
 
 __all__ = ["parse_json"]
 
+_RAW_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
 _POSITION = re.compile(r"^<string>:(?P<line>\d+) (?P<problem>.*?)(?: at column (?P<column>\d+))?$", re.DOTALL)
 
 
@@ -33,6 +36,7 @@ def parse_json(text: str, source: str) -> Any:
             result[key] = value
         return result
 
+    _refuse_raw_control(text, source)
     try:
         return json5.loads(text, object_pairs_hook=no_duplicates)
     except RecursionError:
@@ -49,3 +53,19 @@ def parse_json(text: str, source: str) -> Any:
             "correct the JSON syntax there",
             line=int(found["line"]),
         ) from None
+
+
+def _refuse_raw_control(text: str, source: str) -> None:
+    found = _RAW_CONTROL.search(text)
+    if found is None:
+        return
+    line = text.count("\n", 0, found.start()) + 1
+    column = found.start() - (text.rfind("\n", 0, found.start()) + 1) + 1
+    code = f"U+{ord(found.group()):04X}"
+    raise ConfigError(
+        source,
+        None,
+        f"invalid JSON: a raw control character {code} (column {column})",
+        f"remove it, or write it escaped as \\u{ord(found.group()):04x} inside a string",
+        line=line,
+    )

@@ -15,6 +15,7 @@ from aggregator.config.jsonc import parse_json
 from aggregator.config.models import BUILTIN_SOURCE, AggregatorConfig
 from aggregator.config.shapes import SERVER_SECTIONS
 from aggregator.config.yamlfile import parse_yaml
+from aggregator.safetext import scrub
 
 __all__ = ["load_config", "parse_config", "parse_data", "written_servers"]
 
@@ -35,19 +36,30 @@ def load_config(
     return parse_config(read_text(found), str(found), environ=environ)
 
 
-def parse_config(text: str, source: str, *, environ: Mapping[str, str] | None = None) -> AggregatorConfig:
-    """Parse one config text. ``source`` names it in messages; a ``.json`` source is read as JSON."""
+def parse_config(
+    text: str, source: str, *, environ: Mapping[str, str] | None = None, strict: bool = False
+) -> AggregatorConfig:
+    """Parse one config text. ``source`` names it in messages; a ``.json`` source is read as JSON.
+
+    An entry unusable here (an unset variable, ``${input:...}``, an unknown transport) is left out and
+    named in ``broken``; with ``strict`` it is a `ConfigError` like any other problem.
+    """
     environ = os.environ if environ is None else environ
     data, lines = parse_data(text, source)
-    ctx = Context(source=source, lines=lines, environ=environ, base_dir=_base_dir(source))
+    ctx = Context(source=source, lines=lines, environ=environ, base_dir=_base_dir(source), strict=strict)
     return build_config(data, ctx)
 
 
 def parse_data(text: str, source: str) -> tuple[Any, Lines]:
-    """The file's data as written (a ``.json`` source as JSON, else YAML), and its key lines."""
+    """The file's data as written (a ``.json`` source as JSON, else YAML), and its key lines.
+
+    A lone surrogate (``"\\ud83d"`` escaped in either syntax) becomes U+FFFD: no string that
+    cannot be sent reaches a client, whatever the file says.
+    """
     if source.lower().endswith(".json"):
-        return parse_json(text, source), {}
-    return parse_yaml(text, source)
+        return scrub(parse_json(text, source)), {}
+    data, lines = parse_yaml(text, source)
+    return scrub(data), lines
 
 
 def written_servers(text: str, source: str) -> tuple[str, dict[str, Any]]:

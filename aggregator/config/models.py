@@ -15,6 +15,7 @@ __all__ = [
     "RESERVED_NAME",
     "AggregatorConfig",
     "Duration",
+    "OwnTools",
     "Timeouts",
     "ToolFilter",
     "Transport",
@@ -31,7 +32,7 @@ PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,32}")
 """An upstream name; always used with ``fullmatch`` (``$`` would let a trailing newline through)."""
 
 Transport = Literal["stdio", "http", "sse"]
-AuthKind = Literal["oauth", "client_credentials", "none"]
+AuthKind = Literal["oauth", "client_credentials", "identity_assertion", "none"]
 
 
 class Timeouts(BaseModel):
@@ -127,6 +128,9 @@ class UpstreamConfig(UpstreamPresentation):
     client_private_key: str | None = Field(default=None, repr=False)  # PEM: private_key_jwt
     client_signing_algorithm: str = "RS256"
     issuer: str | None = None  # the authorization server the client credentials belong to
+    idp_token_endpoint: str | None = None  # identity_assertion: the enterprise IdP's token endpoint ...
+    idp_id_token: str | None = Field(default=None, repr=False)  # ... the user's ID token there (a secret) ...
+    idp_client_id: str | None = None  # ... and our client id at the IdP
 
     @model_validator(mode="after")
     def _check(self) -> UpstreamConfig:
@@ -141,20 +145,32 @@ class UpstreamConfig(UpstreamPresentation):
         return self
 
     @property
+    def per_client_sessions(self) -> bool:
+        """True if each client's requests go on an upstream session of its own (docs/isolation.md)."""
+        return self.sessions == "per-client" or (self.sessions is None and self.transport != "stdio")
+
+    @property
     def name_prefix(self) -> str:
         """What goes before an exposed tool or prompt name: ``<server>__`` by default, else `prefix:`."""
         if self.prefix is True:
             return f"{self.name}__"
         return self.prefix or ""
 
-    @property
-    def per_client_sessions(self) -> bool:
-        """True if each client's requests go on an upstream session of its own (docs/isolation.md)."""
-        return self.sessions == "per-client" or (self.sessions is None and self.transport != "stdio")
-
     def is_direct(self, tool_name: str) -> bool:
         """True if the tool is listed directly as ``<server>__<tool>`` (``expose: direct`` or pinned)."""
         return self.expose == "direct" or tool_name in self.pin
+
+
+class OwnTools(BaseModel):
+    """Which families of the aggregator's own tools clients see (`own_tools:`); the catalog tools always.
+
+    Read at start: a change takes effect when the aggregator restarts.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    introspection: bool = True  # apropos-search, who-references (~1.9 KB of tools/list)
+    text_index: bool = True  # search_create_index, search_add_document, search_index (~3.7 KB)
 
 
 class AggregatorConfig(BaseModel):
@@ -166,6 +182,8 @@ class AggregatorConfig(BaseModel):
     timeouts: Timeouts = Field(default_factory=Timeouts)
     max_result_bytes: int = Field(default=262144, ge=1024)
     source: str = BUILTIN_SOURCE
+    own_tools: OwnTools = Field(default_factory=OwnTools)
+    broken: dict[str, str] = Field(default_factory=dict)  # name → why its entry is unusable here (EntryError)
     disabled: list[str] = Field(default_factory=list)  # client entries skipped by `disabled: true`
 
     @field_validator("upstreams")

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 SERVER_SECTIONS = ("upstreams", "mcpServers", "servers")
-TOP_KEYS = (*SERVER_SECTIONS, "defaults")
+TOP_KEYS = (*SERVER_SECTIONS, "defaults", "own_tools")
 EXAMPLE_HINT = "see config/example.yaml for every key and its form"
 
 TRANSPORT_ALIASES: dict[str, Transport] = {
@@ -90,9 +90,23 @@ class RawUpstream(UpstreamPresentation):
     client_private_key: str | None = None
     client_signing_algorithm: str = "RS256"
     issuer: str | None = None
+    idp_token_endpoint: str | None = None
+    idp_id_token: str | None = None
+    idp_client_id: str | None = None
 
 
-AUTH_KEYS = ("auth", "scopes", "client_id", "client_secret", "client_metadata_url", "client_private_key", "issuer")
+AUTH_KEYS = (
+    "auth",
+    "scopes",
+    "client_id",
+    "client_secret",
+    "client_metadata_url",
+    "client_private_key",
+    "issuer",
+    "idp_token_endpoint",
+    "idp_id_token",
+    "idp_client_id",
+)
 
 
 class RawClientServer(RawUpstream):
@@ -136,7 +150,11 @@ FIX_HINTS: dict[str, str] = {
     "snapshot_max_age": "give a positive duration: seconds, or a number with s, m, h, d or w, e.g. 30d",
     "max_message_bytes": "give a whole number of bytes, at least 1024, e.g. max_message_bytes: 33554432",
     "disabled": "use disabled: true or disabled: false",
-    "auth": "use auth: oauth (sign in), auth: client_credentials (machine to machine) or auth: none",
+    "auth": "use auth: oauth (sign in), client_credentials (machine to machine), identity_assertion "
+    "(enterprise IdP, SEP-990) or none",
+    "idp_token_endpoint": "set idp_token_endpoint to your identity provider's token endpoint URL",
+    "idp_id_token": 'set idp_id_token from a variable, e.g. idp_id_token: "${IDP_ID_TOKEN}"',
+    "idp_client_id": "set idp_client_id to the client id the identity provider knows you by",
     "scopes": "write scopes as a list of strings, e.g. scopes: [read, write]",
     "client_id": "set client_id to the OAuth client id the authorization server gave you",
     "client_secret": 'set client_secret from a variable, e.g. client_secret: "${MY_CLIENT_SECRET}"',
@@ -167,7 +185,7 @@ def resolve_transport(raw: RawUpstream, url: str | None, path: KeyPath, ctx: Con
             continue
         transport = TRANSPORT_ALIASES.get(re.sub(r"[-_\s]", "", value.lower()))
         if transport is None:
-            raise ctx.error((*path, key), f"unknown transport {value!r}", FIX_HINTS[key])
+            raise ctx.entry_error((*path, key), f"unknown transport {value!r}", FIX_HINTS[key])
         given.append((key, transport))
     if len({transport for _, transport in given}) > 1:
         (key_a, a), (key_b, b) = given[0], given[1]

@@ -48,6 +48,8 @@ async def watch_config(path: Path, apply: Callable[[AggregatorConfig], object], 
             log.error("config reload failed; the running config stays", reason=reason, error=str(exc))
             return
         log.info("config reloaded", reason=reason, config=str(path))
+        for name, problem in config.broken.items():
+            log.warning("upstream disabled: its entry cannot be used here", upstream=name, problem=problem)
 
     async with anyio.create_task_group() as tg:
         if hasattr(signal, "SIGHUP"):

@@ -195,13 +195,14 @@ async def stdio_streams(
 
 @asynccontextmanager
 async def wire_streams(
-    wire: Wire, limits: StdioLimits
+    wire: Wire, limits: StdioLimits, early: bytes = b""
 ) -> AsyncIterator[
     tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
 ]:
     """(read, write) streams for `Server.run` over one client's descriptors: our stdio, or an accepted socket.
 
     The descriptors are made non-blocking where pollable and left open: whoever opened them closes them.
+    `early` is what was already read from `fd_in` (a socket's first bytes, read to learn its kind).
     """
     if wire.poll_in:
         os.set_blocking(wire.fd_in, False)
@@ -213,7 +214,7 @@ async def wire_streams(
     writer_done = anyio.Event()
     async with anyio.create_task_group() as tg:
         reader = anyio.CancelScope()
-        tg.start_soon(_read_messages, wire, to_server, write.clone(), in_flight, limits, reader)
+        tg.start_soon(_read_messages, wire, to_server, write.clone(), in_flight, limits, reader, early)
         tg.start_soon(_write_messages, wire, from_server, in_flight, writer_done, reader)
         try:
             yield read, cast(MemoryObjectSendStream[SessionMessage], write)
@@ -250,6 +251,7 @@ async def _read_messages(
     in_flight: InFlight,
     limits: StdioLimits,
     scope: anyio.CancelScope,
+    early: bytes = b"",
 ) -> None:
     """Newline-delimited JSON-RPC from stdin until EOF, then drain; refusals are answered here."""
     splitter = SkippingLineSplitter()
@@ -259,7 +261,7 @@ async def _read_messages(
             tg.start_soon(inbound.forward)
             try:
                 while not in_flight.closed:
-                    chunk = await _read_chunk(wire)
+                    chunk, early = early or await _read_chunk(wire), b""
                     if not chunk:
                         break
                     for item in splitter.feed(chunk):

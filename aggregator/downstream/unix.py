@@ -10,8 +10,10 @@ directory, and a peer whose uid is not ours (SO_PEERCRED) is refused on top.
 
 from __future__ import annotations
 
+import array
 import fcntl
 import os
+import selectors
 import socket
 import struct
 from contextlib import suppress
@@ -20,12 +22,14 @@ from typing import Any
 
 import anyio
 
-from aggregator.downstream.stdio import StdioLimits, Wire, wire_streams
+from aggregator.downstream.stdio import READ_CHUNK, StdioLimits, Wire, _pollable, wire_streams
 from aggregator.log import get_logger
 
 log = get_logger(__name__)
 
 ACCEPT_BACKOFF = 0.1  # seconds to wait after accept fails (out of descriptors) before trying again
+HANDOFF = b"\0"  # `connect`'s first byte when it passes the client's stdin and stdout (SCM_RIGHTS) with it
+FD_SIZE = array.array("i").itemsize
 
 
 def listen_unix(path: Path, backlog: int = 128) -> socket.socket:
@@ -107,18 +111,72 @@ async def serve_connections(server: Any, listener: socket.socket, limits: StdioL
 
 
 async def _session(server: Any, conn: socket.socket, limits: StdioLimits, attached: Attached) -> None:
-    fd_in = conn.detach()
-    fd_out = fcntl.fcntl(fd_in, fcntl.F_DUPFD_CLOEXEC, 3)  # the writer closes its end on its own terms
     attached._bump(1)
     log.info("client attached", clients=attached.now)
+    fds: list[int] = []
     try:
-        async with wire_streams(Wire(fd_in, fd_out, True, True), limits) as (read, write):
-            await server.lowlevel.run(read, write, server.lowlevel.create_initialization_options())
+        early, fds = await _first_bytes(conn)
+        if fds and (early[:1] != HANDOFF or len(fds) != 2):
+            log.warning("refused a connection that passed descriptors without a hand-off", count=len(fds))
+        elif fds:  # `connect` passed the client's own stdin and stdout: serve them, no hop in between
+            wire = Wire(fds[0], fds[1], _pollable(fds[0], selectors.EVENT_READ), False)
+            wire.poll_out = _pollable(fds[1], selectors.EVENT_WRITE)
+            blocking = [os.get_blocking(fd) for fd in fds]  # shared with the client's side (a terminal...)
+            try:
+                await _serve(server, wire, limits, early[1:], lifeline=conn)
+            finally:
+                for fd, was in zip(fds, blocking, strict=True):
+                    with suppress(OSError):
+                        os.set_blocking(fd, was)
+        else:  # `connect --relay` or any plain client: the socket carries the messages
+            fds = [fcntl.fcntl(conn.fileno(), fcntl.F_DUPFD_CLOEXEC, 3)]  # the writer's own end
+            await _serve(server, Wire(conn.fileno(), fds[0], True, True), limits, early)
     except Exception:  # one client's session must never end the others'
         log.exception("client session failed")
     finally:
-        for fd in (fd_in, fd_out):
+        for fd in fds:
             with suppress(OSError):
                 os.close(fd)
+        conn.close()
         attached._bump(-1)
         log.info("client detached", clients=attached.now)
+
+
+async def _first_bytes(conn: socket.socket) -> tuple[bytes, list[int]]:
+    """The connection's first bytes, and the descriptors sent with them (a hand-off), close-on-exec."""
+    conn.setblocking(False)
+    while True:
+        await anyio.wait_readable(conn)
+        try:
+            data, ancillary, _flags, _address = conn.recvmsg(
+                READ_CHUNK,
+                socket.CMSG_SPACE(2 * FD_SIZE),
+                getattr(socket, "MSG_CMSG_CLOEXEC", 0),  # not on macOS
+            )
+        except BlockingIOError:
+            continue
+        fds: list[int] = []
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                whole = len(payload) - len(payload) % FD_SIZE
+                fds += array.array("i", payload[:whole]).tolist()
+        return data, fds
+
+
+async def _serve(
+    server: Any, wire: Wire, limits: StdioLimits, early: bytes, lifeline: socket.socket | None = None
+) -> None:
+    """One MCP session on `wire`; with a `lifeline` (the hand-off's socket), also ended when `connect` is gone."""
+    async with anyio.create_task_group() as tg:
+        if lifeline is not None:
+            tg.start_soon(_end_with, lifeline, tg.cancel_scope)
+        async with wire_streams(wire, limits, early) as (read, write):
+            await server.lowlevel.run(read, write, server.lowlevel.create_initialization_options())
+        tg.cancel_scope.cancel()
+
+
+async def _end_with(lifeline: socket.socket, scope: anyio.CancelScope) -> None:
+    """`connect` sends nothing after a hand-off: its socket becoming readable means it exited."""
+    await anyio.wait_readable(lifeline)
+    log.info("connect exited; ending its session")
+    scope.cancel()

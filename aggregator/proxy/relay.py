@@ -38,7 +38,7 @@ from mcp.shared.subscriptions import ResourceUpdated
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from aggregator.log import get_logger
-from aggregator.proxy.routing import TaskRouter
+from aggregator.proxy.routing import BoundedMap, TaskRouter
 from aggregator.sdk import client_connection, request_sender
 from aggregator.upstream.pool import UpstreamPool
 from aggregator.upstream.session import RELAYABLE_CAPABILITIES, Params, Via
@@ -50,6 +50,7 @@ RELAYED_METHODS = frozenset({"sampling/createMessage", "elicitation/create", "ro
 MAX_RELAYED_PER_UPSTREAM = 64
 MAX_RELAYED_PER_CLIENT = 32
 RELATED_TASK = "io.modelcontextprotocol/related-task"
+ELICITATIONS_MAX = 4096
 _RELAYED_KEYS = ("roots", "sampling", "elicitation")
 
 
@@ -122,7 +123,8 @@ class Relay:
         self.bus = bus
         self.tasks = tasks
         self._subscribers = subscribers  # resource URI → the clients subscribed to it (kept by the pass-through)
-        self._elicitations: dict[str, Connection] = {}  # URL elicitation id → the client asked
+        # (upstream, URL elicitation id) → the client asked; bounded, as completions may never come
+        self._elicitations: BoundedMap[tuple[str, str], Connection] = BoundedMap(ELICITATIONS_MAX)
         self._relaying: Counter[Any] = Counter()  # relayed requests in flight, by upstream name and by id(client)
 
     def client_capabilities(self, client: Any = None) -> types.ClientCapabilities:
@@ -132,9 +134,7 @@ class Relay:
 
     def client_of(self, origin: Any) -> Connection | None:
         """A handshake-era client's connection (a 2026-07-28 client has none that lasts: it shares)."""
-        if not isinstance(origin, ServerRequestContext):
-            return None
-        connection = client_connection(origin.session)
+        connection = client_connection(getattr(origin, "session", None))
         if connection is None or connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return None
         return connection  # type: ignore[no-any-return]
@@ -159,7 +159,7 @@ class Relay:
                 method, dict(params) if params is not None else None, {"timeout": timeout}
             )
         if method == "elicitation/create" and params and isinstance(params.get("elicitationId"), str):
-            self._elicitations[params["elicitationId"]] = connection
+            self._elicitations.put((upstream, params["elicitationId"]), connection)
         return result
 
     @contextmanager
@@ -217,10 +217,8 @@ class Relay:
         meta = (params or {}).get("_meta")
         related = meta.get(RELATED_TASK) if isinstance(meta, Mapping) else None
         task_id = related.get("taskId") if isinstance(related, Mapping) else None
-        owner = self.tasks.owner(task_id) if isinstance(task_id, str) else None
-        if owner is None or owner[0] != upstream or not isinstance(owner[1], Connection):
-            return None
-        return owner[1]
+        creators = self.tasks.creators(task_id, upstream) if isinstance(task_id, str) else []
+        return creators[0] if len(creators) == 1 and isinstance(creators[0], Connection) else None
 
     def _configured_roots(self, upstream: str, method: str) -> dict[str, Any] | None:
         if method != "roots/list":
@@ -248,13 +246,13 @@ class Relay:
                 targets = subscribed
         elif method == "notifications/tasks/status":
             task_id = params.get("taskId")
-            owner = self.tasks.owner(task_id) if isinstance(task_id, str) else None
-            creator = owner[1] if owner is not None and owner[0] == upstream else None
-            targets = [creator] if creator is not None and (own is None or creator is own) else []
+            creators = self.tasks.creators(task_id, upstream) if isinstance(task_id, str) else []
+            if own is not None:  # on a client's own session: that client's task, if it is one
+                targets = [own] if any(c is own for c in creators) else []
+            else:  # on the shared session an id names one task: several creators cannot be told apart
+                targets = creators if len(creators) == 1 else []
         elif method == "notifications/elicitation/complete":
-            target = self._elicitations.get(str(params.get("elicitationId")))
-            if target is not None and (own is None or target is own):
-                self._elicitations.pop(str(params.get("elicitationId")), None)
+            target = self._elicitations.get((upstream, str(params.get("elicitationId"))))
             targets = [target] if target is not None and (own is None or target is own) else []
         else:
             return

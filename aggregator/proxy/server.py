@@ -127,10 +127,11 @@ class AggregatorServer:
         self.index.attach(pool.store)
         self.text_search = TextSearchTools(data_dir, max_k=search_max_k, max_result_bytes=max_result_bytes)
         self.catalog_tools = CatalogTools(pool, self.index, max_result_bytes, lambda: self._own)
+        families = pool.config.own_tools  # `own_tools:` in the config; the catalog tools always
         self.own_tools: list[OwnTool] = [
             *self.catalog_tools.tools(),
-            *introspection_tools(pool, lambda: self.own_tools, max_result_bytes),
-            *self.text_search.tools(),
+            *(introspection_tools(pool, lambda: self.own_tools, max_result_bytes) if families.introspection else []),
+            *(self.text_search.tools() if families.text_index else []),
         ]
         self._own = {tool.name: tool for tool in self.own_tools}
         self._own_wire = [types.Tool.model_validate(tool.to_wire()) for tool in self.own_tools]

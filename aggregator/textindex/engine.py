@@ -99,16 +99,6 @@ def idf(doc_count: int, df: int) -> float:
     return math.log(doc_count / (df + 1)) + 1.0
 
 
-def match_positions(phrase: Phrase, positions: Sequence[Sequence[int]]) -> bool:
-    """Whether, given each phrase token's run positions in one document, the phrase occurs there."""
-    starts = set(positions[0])
-    for offset, found in zip(phrase.offsets[1:], positions[1:], strict=True):
-        starts.intersection_update(map(offset.__rsub__, found))  # the starts each occurrence implies
-        if not starts:
-            return False
-    return True
-
-
 def _phrase_docs(
     reader: PostingsReader, phrase: Phrase, freqs: Mapping[str, Mapping[str, int]], within: set[str] | None
 ) -> set[str]:
@@ -174,25 +164,38 @@ def rank_top(scores: Mapping[str, float], k: int) -> list[tuple[str, float]]:
     return [(doc, -negated) for negated, doc in heapq.nsmallest(k, near)]
 
 
-def run_search(reader: PostingsReader, config: TokenizerConfig, query: ParsedQuery, k: int) -> SearchOutcome:
-    """Match, score and rank `query` over the snapshot `reader`; highlight the top `k`."""
+@dataclass(frozen=True, slots=True)
+class Matches:
+    """The top documents of a search and how many matched, before highlighting."""
+
+    top: list[tuple[StoredDocument, float]]
+    total: int
+
+
+def run_search(reader: PostingsReader, query: ParsedQuery, k: int) -> Matches:
+    """Match, score and rank `query` over the snapshot `reader` (its lock or transaction held)."""
     if not (query.terms or query.must or query.phrases):
-        return SearchOutcome([], 0)
+        return Matches([], 0)
     phrase_tokens = {t for p in query.excluded_phrases for t in p.tokens}
     needed = sorted(set(query.positive) | set(query.must_not) | phrase_tokens)
     freqs = {term: reader.frequencies(term) for term in needed}
     docs = _matching_docs(reader, query, freqs)
     if not docs:  # also spares idf() an empty index, where ln(0) has no value
-        return SearchOutcome([], 0)
+        return Matches([], 0)
     top = rank_top(_scores(query, freqs, docs, reader.snapshot_doc_count()), k)
     stored = reader.documents([doc for doc, _ in top])
+    return Matches([(stored[doc], score) for doc, score in top], len(docs))
+
+
+def with_highlights(matches: Matches, config: TokenizerConfig, query: ParsedQuery) -> SearchOutcome:
+    """The hits of `matches`, highlighted: run after the index's lock is released (documents are immutable)."""
     hits = [
         SearchHit(
-            doc_id=doc,
+            doc_id=document.doc_id,
             score=score,
-            highlights=make_highlights(stored[doc].content, config, query),
-            metadata=stored[doc].metadata,
+            highlights=make_highlights(document.content, config, query),
+            metadata=document.metadata,
         )
-        for doc, score in top
+        for document, score in matches.top
     ]
-    return SearchOutcome(hits, len(docs))
+    return SearchOutcome(hits, matches.total)

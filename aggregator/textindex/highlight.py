@@ -8,17 +8,25 @@ it does not cut a word, whitespace collapsed, with `...` where the document goes
 on. Snippets are chosen so that distinct query parts (phrases first, then `+`
 terms, then bare terms) each get one before any part gets a second one;
 overlapping snippets merge; the result is in document order.
+
+The work is bounded whatever the document and query (a 1 MiB note, a 900-byte phrase of the
+same word): at most `MAX_SPANS` matches of each query part are kept (three snippets need far
+fewer), phrase checks stop after `PHRASE_STEPS` token steps, and at most three windows are
+ever added, so a dense document cannot merge them into one unbounded snippet.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from aggregator.textindex.query import ParsedQuery, Phrase
 from aggregator.textindex.tokenizer import WORD, TokenizerConfig, iter_tokens
 
 MAX_HIGHLIGHTS = 3
 RADIUS = 30
+MAX_SPANS = 64  # matches kept per query part
+PHRASE_STEPS = 50_000  # token steps spent checking phrase candidates in one document
 _WORD_CHAR = re.compile(r"\w")
 
 Span = tuple[int, int, int]  # start, end, rank of the query part it matches
@@ -48,11 +56,11 @@ def _comparable(text: str, config: TokenizerConfig) -> str | None:
     return text.lower()
 
 
-def _found_by_search(text: str, comparable: str, word: str) -> list[tuple[int, int]]:
-    """Spans of whole-token occurrences of `word`, found with `str.find` (no tokenizing)."""
-    found = []
+def _found_by_search(text: str, comparable: str, word: str, limit: int) -> list[tuple[int, int]]:
+    """Spans of the first `limit` whole-token occurrences of `word`, found with `str.find`."""
+    found: list[tuple[int, int]] = []
     at = comparable.find(word)
-    while at >= 0:
+    while at >= 0 and len(found) < limit:
         end = at + len(word)
         if not _is_word(text, at - 1) and not _is_word(text, end):
             found.append((at, end))
@@ -60,11 +68,11 @@ def _found_by_search(text: str, comparable: str, word: str) -> list[tuple[int, i
     return found
 
 
-def _found_by_tokens(text: str, config: TokenizerConfig, wanted: set[str]) -> dict[str, list[tuple[int, int]]]:
-    """Spans of every token of `text` in `wanted`, by tokenizing: exact for any text."""
+def _found_by_tokens(text: str, config: TokenizerConfig, wanted: Mapping[str, int]) -> dict[str, list[tuple[int, int]]]:
+    """Spans of the first `wanted[word]` tokens of `text` equal to each word, by tokenizing: exact for any text."""
     found: dict[str, list[tuple[int, int]]] = {word: [] for word in wanted}
     for token in iter_tokens(text, config):
-        if token.text in found:
+        if token.text in found and len(found[token.text]) < wanted[token.text]:
             found[token.text].append((token.start, token.end))
     return found
 
@@ -92,18 +100,27 @@ def spans(text: str, config: TokenizerConfig, query: ParsedQuery, *, search: boo
     document is not tokenized); the result is the same as tokenizing (`search=False`).
     """
     ranks = _term_ranks(query)
-    wanted = set(ranks).union(*(phrase.tokens[:1] for phrase in query.phrases))
+    wanted = dict.fromkeys(ranks, MAX_SPANS)  # word → how many occurrences can be of use
+    for phrase in query.phrases:
+        attempts = PHRASE_STEPS // (phrase.offsets[-1] + 1) + 1
+        wanted[phrase.tokens[0]] = max(wanted.get(phrase.tokens[0], 0), attempts)
     comparable = _comparable(text, config) if search else None
     if comparable is None:
         found = _found_by_tokens(text, config, wanted)
     else:
-        found = {word: _found_by_search(text, comparable, word) for word in wanted}
-    result: list[Span] = [(lo, hi, rank) for term, rank in ranks.items() for lo, hi in found[term]]
+        found = {word: _found_by_search(text, comparable, word, limit) for word, limit in wanted.items()}
+    result: list[Span] = [(lo, hi, rank) for term, rank in ranks.items() for lo, hi in found[term][:MAX_SPANS]]
+    steps = 0
     for rank, phrase in enumerate(query.phrases):
+        matched = 0
         for lo, hi in found[phrase.tokens[0]]:
+            steps += phrase.offsets[-1] + 1
+            if matched >= MAX_SPANS or steps > PHRASE_STEPS:
+                break
             end = _phrase_end(text, config, phrase, hi)
             if end is not None:
                 result.append((lo, end, rank))
+                matched += 1
     result.sort()
     return result
 
@@ -141,11 +158,13 @@ def _choose(text: str, spans: list[Span]) -> list[tuple[int, int]]:
     for span in spans:
         first_of_rank.setdefault(span[2], span)
     ordered = [first_of_rank[rank] for rank in sorted(first_of_rank)] + spans
+    added = 0
     for span in ordered:
-        if len(windows) >= MAX_HIGHLIGHTS:
+        if added >= MAX_HIGHLIGHTS:  # not len(windows): merged windows would grow without bound
             break
         if not covered(span):
             windows = _add_window(windows, _window(text, span[0], span[1]))
+            added += 1
     return windows
 
 

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from aggregator.textindex.engine import AddOutcome, SearchOutcome, StoredDocument, run_search
+from aggregator.textindex.engine import AddOutcome, SearchOutcome, StoredDocument, run_search, with_highlights
 from aggregator.textindex.query import ParsedQuery, Phrase
 from aggregator.textindex.tokenizer import TokenizerConfig, run_terms
 
@@ -114,7 +114,8 @@ class MemoryIndex:
 
     def search(self, query: ParsedQuery, k: int) -> SearchOutcome:
         with self._lock:
-            return run_search(self, self.config, query, k)
+            matches = run_search(self, query, k)
+        return with_highlights(matches, self.config, query)
 
     def doc_count(self) -> int:
         return len(self._docs)

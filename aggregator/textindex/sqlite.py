@@ -30,10 +30,10 @@ from aggregator.textindex.engine import (
     AddOutcome,
     SearchOutcome,
     StoredDocument,
-    match_positions,
     run_search,
+    with_highlights,
 )
-from aggregator.textindex.memory import copy_metadata
+from aggregator.textindex.memory import PhrasePattern, copy_metadata
 from aggregator.textindex.query import ParsedQuery, Phrase
 from aggregator.textindex.readcache import ReadCache
 from aggregator.textindex.tokenizer import TokenizerConfig, TokenizerConfigError, term_positions
@@ -237,7 +237,8 @@ class SqliteIndex:
         with self._lock, self._transaction("BEGIN") as conn:  # one snapshot for everything read
             conn.execute("SELECT 1 FROM meta LIMIT 1").fetchall()  # starts the snapshot...
             self._cache.check_version(conn.execute("PRAGMA data_version").fetchone()[0])  # ...and dates it
-            return run_search(self, self.config, query, k)
+            matches = run_search(self, query, k)
+        return with_highlights(matches, self.config, query)
 
     def doc_count(self) -> int:
         with self._lock:
@@ -273,8 +274,10 @@ class SqliteIndex:
         return {doc_id: _unpack(blob) for doc_id, blob in self._doc_names(rows) if doc_id in candidates}
 
     def phrase_docs(self, phrase: Phrase, candidates: set[str]) -> set[str]:
-        by_token = {token: self._positions(token, candidates) for token in sorted(set(phrase.tokens))}
-        return {doc for doc in candidates if match_positions(phrase, [by_token[token][doc] for token in phrase.tokens])}
+        distinct = sorted(set(phrase.tokens))
+        by_token = {token: self._positions(token, candidates) for token in distinct}
+        pattern = PhrasePattern(phrase, [distinct.index(token) + 1 for token in phrase.tokens])
+        return {doc for doc in candidates if pattern.occurs_in(_runs([by_token[token][doc] for token in distinct]))}
 
     def documents(self, doc_ids: Sequence[str]) -> Mapping[str, StoredDocument]:
         found: dict[str, StoredDocument] = {}
@@ -306,3 +309,16 @@ class SqliteIndex:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def _runs(positions: Sequence[Sequence[int]]) -> bytes:
+    """The document's runs as the memory backend encodes them, holding only the phrase's tokens
+    (token i+1 of `positions` at its positions, 0 elsewhere): a phrase is then found with
+    `PhrasePattern` in linear time, where intersecting position sets per phrase token was
+    quadratic for a long phrase of one repeated word."""
+    length = max((max(found) for found in positions if len(found)), default=-1) + 1
+    runs = array("I", [0]) * length
+    for number, found in enumerate(positions, start=1):
+        for position in found:
+            runs[position] = number
+    return runs.tobytes()

@@ -25,18 +25,16 @@ from aggregator.tools.base import READ_ONLY, OwnTool, ToolContext, fault_result,
 TOOL_NAME = "catalog_search_tools"
 LIMIT_DEFAULT = 8
 LIMIT_MAX = 50
+MAX_QUERY_CHARS = 1000  # a longer "query" is a document, not a question; it would only cost time
 SCORE_DIGITS = 4
 SUMMARY_COLUMN = 80  # characters of a summary shown by format_results_table
 
 DESCRIPTION = (
-    "Find upstream tools for a task: ranked, deterministic keyword search over server names and "
-    "descriptions, tool names, titles, descriptions, argument names and annotations. Write what you "
-    "want to do ('convert a time between time zones') or keywords ('git diff'). Results give server, "
-    "tool, a one-line summary, argument names and a score; call the tool with catalog_call_tool "
-    "(catalog_describe_tool shows its schema). Tools of servers not started yet come from their last "
-    "catalog snapshot (catalog_loaded: false, snapshot_age_s); servers with no snapshot match on their "
-    "name and description as server-level results (tool: null); pass load: true to start those and "
-    "search their tools too (slower; servers that fail to start are listed under 'failed')."
+    "Find upstream tools for a task. Query in words ('convert a time between time zones') or keywords "
+    "('git diff'); results are ranked: server, tool, summary, argument names. Call one with catalog_call_tool "
+    "(catalog_describe_tool shows its schema). A server not started yet may match on its name and description "
+    "alone (tool: null): list its tools with catalog_list_tools, or pass load: true to start such servers and "
+    "search their tools (slower; those that fail are listed under 'failed')."
 )
 
 INPUT_SCHEMA: dict[str, Any] = {
@@ -45,6 +43,7 @@ INPUT_SCHEMA: dict[str, Any] = {
         "query": {
             "type": "string",
             "description": "What you want to do, in words or keywords.",
+            "maxLength": MAX_QUERY_CHARS,
         },
         "limit": {
             "type": "integer",
@@ -109,6 +108,10 @@ def parse_arguments(arguments: Mapping[str, Any] | None) -> tuple[str, int, bool
         raise invalid_argument("'query' must be a string: what you want to do, or keywords")
     if not query.strip():
         raise invalid_argument("'query' must not be empty or whitespace")
+    if len(query) > MAX_QUERY_CHARS:
+        raise invalid_argument(
+            f"'query' is {len(query)} characters long; the most is {MAX_QUERY_CHARS}: say it shorter"
+        )
     limit = arguments.get("limit")
     if limit is None:
         limit = LIMIT_DEFAULT

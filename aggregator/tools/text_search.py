@@ -38,6 +38,7 @@ log = structlog.get_logger(__name__)
 DEFAULT_K = 10
 DEFAULT_MAX_K = 1000
 DEFAULT_MAX_CONTENT_BYTES = 1 << 20
+MAX_QUERY_BYTES = 4096  # query parsing, phrase matching and highlights stay cheap below this
 
 Handler = Callable[[Mapping[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -200,7 +201,9 @@ class TextSearchTools:
         query = arguments.get("query")
         if not isinstance(query, str):
             raise TextIndexError("query is required and must be a string")
-        _utf8_size(query, "query")
+        size = _utf8_size(query, "query")
+        if size > MAX_QUERY_BYTES:
+            raise TextIndexError(f"Query is too long: {size} bytes of UTF-8 (the maximum is {MAX_QUERY_BYTES} bytes)")
         k = _k(arguments, self.max_k)
         name = _optional_str(arguments, "index_name", DEFAULT_INDEX)
         index = await self._index(name)

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 import webbrowser
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,8 @@ import anyio.to_thread
 import httpx2
 from mcp.client.auth import OAuthFlowError, OAuthRegistrationError, OAuthTokenError, TokenStorage
 from mcp.client.auth.extensions.client_credentials import SignedJWTParameters
+from mcp.client.auth.extensions.identity_assertion import IdentityAssertionOAuthProvider
+from mcp.client.auth.utils import union_scopes
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from pydantic import AnyUrl, ValidationError
 
@@ -70,9 +72,10 @@ CALLBACK_TIMEOUT_SECONDS = 300.0  # how long a sign-in waits for the browser to 
 CLIENT_NAME = "aggregator"
 
 
-def _not_sign_in_required(record: logging.LogRecord) -> bool:
-    """The SDK logs every failed OAuth flow with a traceback; a needed sign-in is no such failure."""
-    return not (record.exc_info and isinstance(record.exc_info[1], SignInRequired))
+def _not_described(record: logging.LogRecord) -> bool:
+    """The SDK logs every failed OAuth flow with a traceback; the ones we report in one line (a needed
+    sign-in, the SDK's OAuth errors) reach the user as the upstream's error instead."""
+    return not (record.exc_info and record.exc_info[1] and describe_auth_error(record.exc_info[1]) is not None)
 
 
 class BrowserFailed(Exception):
@@ -87,7 +90,7 @@ class SignInRequired(Exception):
         super().__init__(f"sign-in needed{detail}: run `{login_command(name)}`")
 
 
-logging.getLogger("mcp.client.auth.oauth2").addFilter(_not_sign_in_required)
+logging.getLogger("mcp.client.auth.oauth2").addFilter(_not_described)
 
 
 def login_command(name: str) -> str:
@@ -117,7 +120,7 @@ def uses_oauth(config: UpstreamConfig) -> bool:
 
 
 class TokenStore:
-    """`<data dir>/oauth-tokens.json`: {upstream name: {url, tokens, expires_at, client, port}}.
+    """`<data dir>/oauth-tokens.json`: {upstream name: {url, tokens, expires_at, client, wanted_scope}}.
 
     Every read-modify-write holds an exclusive lock on a sibling lock file, so a sign-in and a
     serving process writing at once both keep their change. Without a path (no data dir) the
@@ -275,14 +278,23 @@ def port_is_free(port: int) -> bool:
 class BrowserStep:
     """The redirect and callback handlers of one sign-in: open the URL, wait for the redirect.
 
-    `interactive` False (serving): the redirect handler raises `SignInRequired` at once.
+    `interactive` False (serving): the redirect handler raises `SignInRequired` at once, after
+    `refused(url)` has seen the authorization URL it would have opened (its scopes matter).
     """
 
-    def __init__(self, name: str, port: int, interactive: bool, browser: str | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        port: int,
+        interactive: bool,
+        browser: str | None,
+        refused: Callable[[str], None] = lambda url: None,
+    ) -> None:
         self.name = name
         self.port = port
         self.interactive = interactive
         self.browser = browser
+        self.refused = refused
         self._listener: anyio.abc.SocketListener | None = None
         self._browser: anyio.abc.Process | None = None  # the AGGREGATOR_BROWSER command, while it runs
 
@@ -292,6 +304,7 @@ class BrowserStep:
 
     async def redirect(self, url: str) -> None:
         if not self.interactive:
+            self.refused(url)
             raise SignInRequired(self.name)
         try:
             listeners = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=self.port)
@@ -412,12 +425,21 @@ class Authenticator:
             return None
         assert config.url is not None
         storage = StoredTokens(self.store, config.name, config.url, _configured_client(config))
-        scope = " ".join(config.scopes) or None
+        wanted = self.store.entry(config.name, config.url).get("wanted_scope")
+        scope = union_scopes(" ".join(config.scopes) or None, wanted if isinstance(wanted, str) else None)
         provider: OAuthProvider | ClientCredentialsProvider | PrivateKeyJWTProvider
+        if config.auth == "identity_assertion":
+            return _identity_assertion(config, storage, scope)
         if config.auth == "client_credentials":
             provider = _client_credentials(config, storage, scope)
         else:
-            step = BrowserStep(config.name, self._redirect_port(config), self.interactive, self.browser)
+            step = BrowserStep(
+                config.name,
+                self._redirect_port(config),
+                self.interactive,
+                self.browser,
+                refused=lambda url: self._remember_scope(config, url),
+            )
             provider = OAuthProvider(
                 server_url=config.url,
                 client_metadata=OAuthClientMetadata(
@@ -434,17 +456,27 @@ class Authenticator:
         provider.extra_scope = scope
         return provider
 
+    def _remember_scope(self, config: UpstreamConfig, url: str) -> None:
+        """Keep the scopes of a sign-in that could not happen (e.g. a step-up while serving), so that
+        `auth login` asks for them."""
+        scope = parse_qs(urlsplit(url).query).get("scope")
+        if scope:
+            wanted = self.store.entry(config.name, config.url).get("wanted_scope")
+            before = wanted if isinstance(wanted, str) else None
+            self.store.update(config.name, config.url, wanted_scope=union_scopes(before, scope[0]))
+
     def _redirect_port(self, config: UpstreamConfig) -> int:
-        """The port the registered client's redirect URI names, so one registration serves every sign-in."""
+        """The port the registered client's redirect URI names, so one registration serves every sign-in;
+        a free one when there is no registration yet (or, signing in, its port is taken: then the
+        registration is dropped and made anew)."""
         entry = self.store.entry(config.name, config.url)
-        port = entry.get("port")
-        if isinstance(port, int) and (not self.interactive or port_is_free(port)):
+        uris = (entry.get("client") or {}).get("redirect_uris") or [""]
+        port = urlsplit(str(uris[0])).port
+        if port is not None and (not self.interactive or port_is_free(port)):
             return port
-        port = free_port()
-        if config.client_id is None and entry.get("client", {}).get("redirect_uris"):
-            self.store.update(config.name, config.url, client=None)  # registered for another port: register anew
-        self.store.update(config.name, config.url, port=port)
-        return port
+        if port is not None and config.client_id is None:
+            self.store.update(config.name, config.url, client=None)
+        return free_port()
 
 
 def cli_authenticator(data_dir: Path, settings: Settings) -> Authenticator:
@@ -453,8 +485,57 @@ def cli_authenticator(data_dir: Path, settings: Settings) -> Authenticator:
     return Authenticator(TokenStore.in_data_dir(data_dir), interactive=bool(settings.browser), browser=settings.browser)
 
 
+TOKEN_EXCHANGE_GRANT = "urn:ietf:params:oauth:grant-type:token-exchange"
+ID_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:id_token"
+ID_JAG_TYPE = "urn:ietf:params:oauth:token-type:id-jag"
+
+
+def _identity_assertion(config: UpstreamConfig, storage: StoredTokens, scope: str | None) -> httpx2.Auth:
+    """SEP-990 enterprise-managed sign-in: the IdP's ID token is exchanged (RFC 8693) at the IdP for an
+    ID-JAG, which the SDK presents to the MCP authorization server (RFC 7523 jwt-bearer grant)."""
+    assert config.url is not None
+    needed = {"client_id": config.client_id, "client_secret": config.client_secret, "issuer": config.issuer}
+    needed |= {"idp_token_endpoint": config.idp_token_endpoint, "idp_id_token": config.idp_id_token}
+    missing = [key for key, value in needed.items() if not value]
+    if missing:
+        raise SignInRequired(config.name, f" (auth: identity_assertion needs {', '.join(missing)})")
+    assert config.client_id and config.client_secret and config.issuer
+
+    async def id_jag(audience: str, resource: str) -> str:
+        form = {
+            "grant_type": TOKEN_EXCHANGE_GRANT,
+            "subject_token": config.idp_id_token or "",
+            "subject_token_type": ID_TOKEN_TYPE,
+            "requested_token_type": ID_JAG_TYPE,
+            "audience": audience,
+            "resource": resource,
+        }
+        form |= {"client_id": config.idp_client_id} if config.idp_client_id else {}
+        form |= {"scope": scope} if scope else {}
+        async with httpx2.AsyncClient(timeout=config.timeouts.connect) as client:
+            response = await client.post(config.idp_token_endpoint or "", data=form)
+        if response.status_code != 200:
+            raise OAuthTokenError(f"the identity provider refused the token exchange ({response.status_code})")
+        token = response.json().get("access_token")
+        if not isinstance(token, str):
+            raise OAuthTokenError("the identity provider's token exchange answer has no access_token")
+        register_secrets([token])
+        return token
+
+    return IdentityAssertionOAuthProvider(
+        config.url,
+        storage,
+        config.client_id,
+        config.client_secret,
+        config.issuer,
+        id_jag,
+        scope=scope,
+        token_endpoint_auth_method="client_secret_basic",
+    )
+
+
 def _configured_client(config: UpstreamConfig) -> OAuthClientInformationFull | None:
-    if config.client_id is None or config.auth == "client_credentials":
+    if config.client_id is None or config.auth in ("client_credentials", "identity_assertion"):
         return None
     secret = config.client_secret
     return OAuthClientInformationFull(

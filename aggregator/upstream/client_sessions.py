@@ -56,10 +56,9 @@ class ClientSessions:
         self._open = opener
         self._connect_timeout = connect_timeout
         self._runs: dict[int, _ClientRun] = {}  # by id(client): the client object need not be hashable
+        self.levels: dict[int, str] = {}  # by id(client): the logging level the client asked for
         self._closed = False
-
-    def __len__(self) -> int:
-        return len(self._runs)
+        self.live = 0  # owner tasks still running (a closed session may still be tearing down)
 
     async def session(self, client: Any) -> tuple[ClientSession, TransportHandle]:
         """The client's session, opened on first need; concurrent requests of one client share one start."""
@@ -74,6 +73,11 @@ class ClientSessions:
             raise Fault("upstream_unavailable", f"upstream {self.upstream!r} could not start a session: {run.error}")
         return run.session, run.handle
 
+    def get(self, client: Any) -> ClientSession | None:
+        """The client's session if it is open now."""
+        run = self._runs.get(id(client))
+        return run.session if run is not None and run.client is client else None
+
     def ready(self) -> list[ClientSession]:
         """The sessions open now."""
         return [run.session for run in list(self._runs.values()) if run.session is not None]
@@ -86,6 +90,7 @@ class ClientSessions:
 
     def close(self, client: Any) -> None:
         """The client disconnected: end its session (and its process, for stdio)."""
+        self.levels.pop(id(client), None)
         run = self._runs.get(id(client))
         if run is not None and run.client is client:
             self._end(run)
@@ -106,6 +111,7 @@ class ClientSessions:
     async def _own(self, run: _ClientRun) -> None:
         """Open, park until woken or the transport ends, close: all in this one task."""
         run.scope.deadline = anyio.current_time() + self._connect_timeout
+        self.live += 1
         try:
             with run.scope:
                 async with self._open(run.client) as (session, handle):
@@ -128,6 +134,7 @@ class ClientSessions:
             run.error = redact_text(f"{type(exc).__name__}: {exc}")[:500]
             log.warning("client session failed", upstream=self.upstream, error=run.error)
         finally:
+            self.live -= 1
             run.session = None
             run.ended = True
             run.done.set()

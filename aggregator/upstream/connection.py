@@ -45,7 +45,7 @@ from aggregator.config import UpstreamConfig
 from aggregator.faults import Fault
 from aggregator.log import get_logger, redact_text
 from aggregator.sdk import ProgressFn, raw_notify, raw_request
-from aggregator.upstream.auth import Authenticator, describe_auth_error
+from aggregator.upstream.auth import Authenticator, SignInRequired, describe_auth_error
 from aggregator.upstream.client_sessions import ClientSessions
 from aggregator.upstream.session import Downstream, NoDownstream, UpstreamSession, Via, offered_names
 from aggregator.upstream.transports import TOO_LARGE, StderrTail, TransportHandle, open_transport
@@ -203,7 +203,9 @@ class UpstreamConnection:
                 reason = f"no handshake within {self.config.timeouts.connect:g}s"
                 self._failed(run, self._exit_reason(reason, exited=False))
         except Exception as exc:
-            self._failed(run, _describe_start_error(exc, self))
+            # A sign-in is not a crash: once the user has signed in, the next need starts it at once.
+            at_once = any(isinstance(leaf, SignInRequired) for leaf in _leaf_exceptions(exc))
+            self._failed(run, _describe_start_error(exc, self), backoff=not at_once)
         finally:
             run.session = None
             run.done.set()
@@ -237,13 +239,6 @@ class UpstreamConnection:
             on_notification=on_notification,
         )
 
-    def _declare(self, client: Any) -> types.ClientCapabilities:
-        """The capabilities to declare at initialize; the shared session's are kept, to record with its catalog."""
-        capabilities = self._downstream().client_capabilities(client)
-        if client is None:
-            self.offered = offered_names(capabilities)
-        return capabilities
-
     @asynccontextmanager
     async def _open_client_session(self, client: Any) -> AsyncIterator[tuple[ClientSession, TransportHandle]]:
         """A new session of this upstream for `client` alone (its own process for stdio)."""
@@ -253,8 +248,16 @@ class UpstreamConnection:
             )
             session = await stack.enter_async_context(self._new_session(None, handle, client))
             await session.initialize()
-            await self._apply_log_level(session)
+            await self._apply_log_level(session, self.clients.levels.get(id(client)))
             yield session, handle
+
+    def _declare(self, client: Any = None) -> types.ClientCapabilities:
+        """The capabilities to declare at initialize: those of `client` for its own session, else the
+        union of the clients'. The shared session's are kept, to record with the catalog it lists."""
+        capabilities = self._downstream().client_capabilities(client)
+        if client is None:
+            self.offered = offered_names(capabilities)
+        return capabilities
 
     def _in_flight(self, client: Any) -> list[Any]:
         """The requests in flight on the session of `client` (None: the shared session)."""
@@ -293,28 +296,44 @@ class UpstreamConnection:
         except Exception as exc:  # a client gone away must not disturb the upstream
             log.debug("notification not relayed", upstream=self.name, method=method, error=str(exc)[:200])
 
-    async def _apply_log_level(self, session: ClientSession) -> None:
+    async def _apply_log_level(self, session: ClientSession, level: str | None = None) -> None:
+        """Send `level` (else the level clients asked for) if the upstream logs at all."""
+        level = level or self.log_level
         caps = session.server_capabilities
-        if self.log_level is None or caps is None or caps.logging is None:
+        if level is None or caps is None or caps.logging is None:
             return
         try:
-            await raw_request(session, "logging/setLevel", {"level": self.log_level})
+            await raw_request(session, "logging/setLevel", {"level": level})
         except MCPError as exc:
             log.warning("logging/setLevel refused", upstream=self.name, error=exc.message[:200])
 
-    async def set_log_level(self, level: str) -> None:
-        """Remember `level` for later starts and send it now if the upstream runs and logs."""
+    async def set_log_level(self, level: str, client: Any = None) -> None:
+        """Remember `level` for later starts and send it now if the upstream runs and logs.
+
+        From a client that has (or will have) sessions of its own here, only those change:
+        another client's log verbosity is not this client's to set.
+        """
+        if client is not None and self.config.per_client_sessions:
+            self.clients.levels[id(client)] = level
+            own = self.clients.get(client)
+            if own is not None:
+                await self._apply_log_level(own, level)
+            return
         self.log_level = level
         run = self._run
         shared = [run.session] if self.state is State.READY and run is not None and run.session is not None else []
         for session in [*shared, *self.clients.ready()]:
             await self._apply_log_level(session)
 
-    async def notify(self, method: str, params: Mapping[str, Any] | None = None) -> None:
-        """Send a notification if the upstream runs (a stopped one learns everything at its next start)."""
+    async def notify(self, method: str, params: Mapping[str, Any] | None = None, client: Any = None) -> None:
+        """Send a notification if the upstream runs (a stopped one learns everything at its next start);
+        from `client`, on its own session too."""
         run = self._run
-        if self.state is State.READY and run is not None and run.session is not None:
-            await raw_notify(run.session, method, dict(params) if params else None)
+        own = self.clients.get(client) if client is not None else None
+        shared = run.session if self.state is State.READY and run is not None else None
+        for session in (shared, own):
+            if session is not None:
+                await raw_notify(session, method, dict(params) if params else None)
 
     async def _park(self, run: _Run, handle: TransportHandle) -> None:
         """Wait until the upstream's stdout ends (stdio) or someone wakes us (crash seen, stop)."""
@@ -330,15 +349,15 @@ class UpstreamConnection:
             await run.wake.wait()
             tg.cancel_scope.cancel()
 
-    def _failed(self, run: _Run, reason: str) -> None:
-        """Record a crash or failed start of `run` and enter backoff (once per run)."""
+    def _failed(self, run: _Run, reason: str, *, backoff: bool = True) -> None:
+        """Record a crash or failed start of `run` and enter backoff (once per run; none if not `backoff`)."""
         run.wake.set()
         if self._stopping or self._run is not run or run.failed:
             return
         run.failed = True
         run.session = None
-        self._failures += 1
-        delay = min(BACKOFF_FIRST * 2 ** (self._failures - 1), BACKOFF_MAX)
+        self._failures += 1 if backoff else 0
+        delay = min(BACKOFF_FIRST * 2 ** (self._failures - 1), BACKOFF_MAX) if backoff else 0.0
         self._retry_at = time.monotonic() + delay
         self.state = State.BACKOFF
         self.last_error = redact_text(reason)
@@ -519,7 +538,11 @@ class UpstreamConnection:
                 lost = exc.code == CONNECTION_CLOSED or (handle is not None and handle.closed.is_set())
                 if lost and client is not None and handle is not None:
                     self.clients.lost(client, handle)  # the client's own session: the shared one is fine
-                    raise Fault("upstream_error", f"upstream {self.name!r}: the client's session ended") from None
+                    raise Fault(
+                        "upstream_error",
+                        f"upstream {self.name!r}: the client's own session ended during the request "
+                        "(the next request opens a new one)",
+                    ) from None
                 if lost:
                     raise self._call_fault(run, exc) from None
                 raise

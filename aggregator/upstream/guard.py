@@ -1,42 +1,48 @@
-"""Run one upstream so that none of its processes outlives it or the aggregator (Linux).
+"""One process that runs every stdio upstream of an aggregator so that none of their processes outlives
+them or the aggregator (Linux).
 
-Usage: ``python -I -S guard.py PARENT_PID COMMAND [ARGS...]``, started by the aggregator in
-place of the upstream's command. Standard library only, and never imports the aggregator
-package, so it starts in a few tens of milliseconds.
+Usage: ``python -I -S guard.py PARENT_PID SOCKET_FD``, started once per aggregator process by
+`guard_client.py`, which then asks it over the socket (a ``SOCK_SEQPACKET`` pair) to start each
+upstream. Standard library only, and never imports the aggregator package, so it starts in a few
+tens of milliseconds and costs one small interpreter for all upstreams together (issue 24: it used
+to be one guard per upstream, 10 MiB RSS each).
 
-A process group is not enough: a grandchild that calls ``setsid()`` leaves it, and when
-the aggregator is killed with SIGKILL nothing ends the group at all. So the guard
+A process group is not enough: a grandchild that calls ``setsid()`` leaves it, and when the
+aggregator is killed with SIGKILL nothing ends the group at all. So the guard
 
 - marks itself a *child subreaper* (``PR_SET_CHILD_SUBREAPER``): every orphan below it,
-  daemonized or ``setsid()``-ed ones included, is re-parented to the guard, not to init,
-  so the guard's process tree is exactly the upstream's processes;
-- asks for SIGTERM when the aggregator dies (``PR_SET_PDEATHSIG``), however it dies;
-- runs the command as its child (same stdin, stdout, stderr and environment), and when
-  that child exits, or the guard is told to stop (SIGTERM, SIGINT, SIGHUP, the
-  aggregator's death), ends its whole tree: SIGTERM, a short grace, SIGKILL.
+  daemonized or ``setsid()``-ed ones included, is re-parented to the guard, not to init, so the
+  guard's process tree is exactly the upstreams' processes;
+- starts each upstream as its own child, in a new session, with the pipes the aggregator sent
+  (``SCM_RIGHTS``) as its stdin, stdout and stderr, its environment marked with
+  ``AGGREGATOR_GUARD_UPSTREAM`` (how an orphan that left the session is traced back to its
+  upstream), and ``PR_SET_PDEATHSIG`` so it dies with the guard;
+- reports each upstream's pid, and its exit code when it exits, then ends what that upstream left
+  behind: every adopted orphan whose upstream is gone (SIGTERM, a short grace, SIGKILL);
+- ends everything it holds when the aggregator goes away, however it goes: the socket reaches
+  end-of-file when the aggregator exits or is killed, and SIGTERM, SIGINT and SIGHUP do the same.
 
-It exits with the command's exit code (128 + signal if a signal ended it).
+Messages are JSON. Aggregator → guard: ``{"id", "argv", "env", "cwd"}`` with three descriptors.
+Guard → aggregator: ``{"id", "pid"}`` or ``{"id", "error"}``, and ``{"exit": pid, "code": n}``
+(128 + signal when a signal ended it).
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
+import selectors
 import signal
+import socket
 import sys
 import time
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 TERM_GRACE_SECONDS = 0.5  # below the aggregator's own grace, so the guard finishes first
-
-
-class _Stop(Exception):
-    """Raised by the signal handlers to leave the wait loop."""
-
-
-def _stop(signum: int, _frame: object) -> None:
-    raise _Stop(signum)
+MARKER = "AGGREGATOR_GUARD_UPSTREAM"
+MAX_MESSAGE = 4 * 1024 * 1024
 
 
 def _prctl(option: int, value: int) -> None:
@@ -45,8 +51,7 @@ def _prctl(option: int, value: int) -> None:
         raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
 
 
-def descendants(root: int) -> list[int]:
-    """Every process below `root`, read from /proc (parents before children)."""
+def _children_map() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -58,6 +63,12 @@ def descendants(root: int) -> list[int]:
             continue
         ppid = int(stat.rsplit(b")", 1)[1].split()[1])
         children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(root: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """Every process below `root`, read from /proc (parents before children)."""
+    children = _children_map() if children is None else children
     found: list[int] = []
     queue = list(children.get(root, []))
     while queue:
@@ -67,25 +78,32 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def _reap() -> None:
-    """Collect every exited child (adopted orphans included) without blocking."""
+def _reap() -> list[tuple[int, int]]:
+    """Collect every exited child (adopted orphans included) without blocking: (pid, exit code)."""
+    done: list[tuple[int, int]] = []
     while True:
         try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return done
         if pid == 0:
-            return
+            return done
+        code = os.waitstatus_to_exitcode(status)
+        done.append((pid, 128 - code if code < 0 else code))
+
+
+def _kill(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:  # noqa: SIM105 - contextlib costs milliseconds of start-up here
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def end_tree(root: int) -> None:
     """SIGTERM everything below `root`, wait a little, SIGKILL what is left, reap."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in descendants(root):
-            try:  # noqa: SIM105 - contextlib costs milliseconds of start-up here
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _kill(descendants(root), sig)
         deadline = time.monotonic() + (TERM_GRACE_SECONDS if sig == signal.SIGTERM else 1.0)
         while time.monotonic() < deadline:
             _reap()
@@ -94,50 +112,170 @@ def end_tree(root: int) -> None:
             time.sleep(0.02)
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) < 3:
-        sys.stderr.write("usage: guard.py PARENT_PID COMMAND [ARGS...]\n")
-        return 2
-    parent, command = int(argv[1]), argv[2:]
+def _owner(pid: int, leaders: dict[int, str]) -> int | None:
+    """The live upstream an adopted orphan belongs to: by its session, else by its environment's marker."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            session = int(fh.read().rsplit(b")", 1)[1].split()[3])
+        if session in leaders:
+            return session
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            environ = fh.read().split(b"\0")
+    except (OSError, ValueError, IndexError):
+        return None
+    marks = {entry.split(b"=", 1)[1].decode() for entry in environ if entry.startswith(MARKER.encode() + b"=")}
+    return next((leader for leader, mark in leaders.items() if mark in marks), None)
+
+
+class Guard:
+    """The guard's state: the live upstream leaders and the trees being ended."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.leaders: dict[int, str] = {}  # leader pid -> marker
+        self.ending: list[tuple[float, list[int]]] = []  # (SIGKILL deadline, pids sent SIGTERM)
+
+    def send(self, message: dict[str, object]) -> None:
+        try:  # noqa: SIM105
+            self.sock.send(json.dumps(message).encode())
+        except OSError:  # the aggregator is gone: the main loop sees end-of-file next
+            pass
+
+    def spawn(self, request: dict[str, object], fds: list[int]) -> None:
+        ident = str(request.get("id"))
+        try:
+            argv = [str(word) for word in request["argv"]]  # type: ignore[attr-defined]
+            env = {str(k): str(v) for k, v in request["env"].items()}  # type: ignore[attr-defined]
+            cwd = request.get("cwd")
+            if len(fds) != 3 or not argv:
+                raise ValueError("a spawn request needs argv and three descriptors")
+            env[MARKER] = ident
+            pid = os.fork()
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            self.send({"id": request.get("id"), "error": f"{type(exc).__name__}: {exc}"})
+        else:
+            if pid == 0:
+                _exec_upstream(argv, env, cwd if isinstance(cwd, str) else None, fds)
+            self.leaders[pid] = ident
+            self.send({"id": request.get("id"), "pid": pid})
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def collect(self) -> None:
+        """Report exited upstreams, then end the orphans no live upstream owns."""
+        exited = False
+        for pid, code in _reap():
+            if self.leaders.pop(pid, None) is not None:
+                self.send({"exit": pid, "code": code})
+                exited = True
+        if exited:
+            self.end_strays()
+
+    def end_strays(self) -> None:
+        children = _children_map()
+        strays = [pid for pid in children.get(os.getpid(), []) if pid not in self.leaders]
+        doomed: list[int] = []
+        for pid in strays:
+            if _owner(pid, self.leaders) is None:
+                doomed += [pid, *descendants(pid, children)]
+        if doomed:
+            _kill(doomed, signal.SIGTERM)
+            self.ending.append((time.monotonic() + TERM_GRACE_SECONDS, doomed))
+
+    def finish_ending(self) -> None:
+        now = time.monotonic()
+        due = [pids for deadline, pids in self.ending if deadline <= now]
+        self.ending = [(deadline, pids) for deadline, pids in self.ending if deadline > now]
+        for pids in due:
+            children = _children_map()
+            _kill([pid for root in pids for pid in (root, *descendants(root, children))], signal.SIGKILL)
+        _reap()
+
+    def timeout(self) -> float | None:
+        if not self.ending:
+            return None
+        return max(0.0, min(deadline for deadline, _ in self.ending) - time.monotonic())
+
+
+def _exec_upstream(argv: list[str], env: dict[str, str], cwd: str | None, fds: list[int]) -> None:
+    """In the forked child: become the upstream (never returns)."""
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if cwd is not None:
+            os.chdir(cwd)
+        os.execvpe(argv[0], argv, env)
+    except BaseException as exc:
+        try:  # noqa: SIM105
+            os.write(2, f"aggregator-guard: cannot run {argv[0]}: {exc}\n".encode())
+        except OSError:
+            pass
+    finally:
+        os._exit(127)
+
+
+def serve(guard: Guard) -> None:
+    """Answer spawn requests and collect exits until the aggregator goes away."""
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    stopping: list[int] = []
+    signal.signal(signal.SIGCHLD, lambda _s, _f: None)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, _stop)
+        signal.signal(sig, lambda signum, _f: stopping.append(signum))
+    selector = selectors.DefaultSelector()
+    selector.register(guard.sock, selectors.EVENT_READ)
+    selector.register(wake_read, selectors.EVENT_READ)
+    while not stopping:
+        for key, _ in selector.select(guard.timeout()):
+            if key.fileobj is guard.sock:
+                try:
+                    data, fds, _flags, _addr = socket.recv_fds(guard.sock, MAX_MESSAGE, 3, socket.MSG_CMSG_CLOEXEC)
+                except OSError:
+                    data, fds = b"", []
+                if not data:
+                    return
+                try:
+                    request = json.loads(data)
+                except ValueError:
+                    request = {}
+                guard.spawn(request if isinstance(request, dict) else {}, list(fds))
+            else:
+                try:  # noqa: SIM105
+                    os.read(wake_read, 512)
+                except OSError:
+                    pass
+        guard.collect()
+        guard.finish_ending()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        sys.stderr.write("usage: guard.py PARENT_PID SOCKET_FD\n")
+        return 2
+    parent, fd = int(argv[1]), int(argv[2])
+    sock = socket.socket(fileno=fd)
+    sock.set_inheritable(False)
     try:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
-        _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError as exc:  # not Linux, or a sandbox refusing prctl: run unguarded
-        sys.stderr.write(f"aggregator-guard: {exc}; running the upstream unguarded\n")
+    except OSError as exc:  # a sandbox refusing prctl: upstreams still end with the aggregator
+        sys.stderr.write(f"aggregator-guard: {exc}; orphans of upstreams are not contained\n")
     if os.getppid() != parent:
-        return 1  # the aggregator died before PR_SET_PDEATHSIG took effect
-    code = 1
+        return 1  # the aggregator died before the guard started
     try:
-        child = os.fork()
-        if child == 0:
-            try:
-                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                    signal.signal(sig, signal.SIG_DFL)
-                os.execvp(command[0], command)
-            except BaseException as exc:
-                sys.stderr.write(f"aggregator-guard: cannot run {command[0]}: {exc}\n")
-            finally:
-                os._exit(127)
-        while True:
-            pid, status = os.wait()
-            if pid == child:
-                code = os.waitstatus_to_exitcode(status)
-                code = 128 - code if code < 0 else code
-                break
-    except _Stop as stop:
-        code = 128 + int(stop.args[0])
-    except ChildProcessError:
-        pass
-    while True:
-        try:
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                signal.signal(sig, signal.SIG_IGN)  # finish the clean-up whatever arrives now
-            end_tree(os.getpid())
-            return code
-        except _Stop:  # arrived before the handlers were replaced
-            continue
+        serve(Guard(sock))
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # finish the clean-up whatever arrives now
+        end_tree(os.getpid())
+    return 0
 
 
 if __name__ == "__main__":

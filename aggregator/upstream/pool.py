@@ -74,6 +74,7 @@ def secret_values(config: AggregatorConfig) -> list[str]:
             *upstream.headers.values(),
             upstream.client_secret,
             upstream.client_private_key,
+            upstream.idp_id_token,
         )
         if value is not None
     ]
@@ -291,21 +292,22 @@ class UpstreamPool:
         """The connections that are ready now."""
         return [conn for conn in self._connections.values() if conn.state is State.READY]
 
-    async def set_log_level(self, level: str) -> None:
-        """`logging/setLevel` for every upstream: sent to the running ones, kept for later starts."""
+    async def set_log_level(self, level: str, client: Any = None) -> None:
+        """`logging/setLevel` for every upstream: sent to the running ones, kept for later starts
+        (from `client`: for its own upstream sessions, where it has them)."""
 
         async def one(conn: UpstreamConnection) -> None:
-            await conn.set_log_level(level)
+            await conn.set_log_level(level, client)
 
         async with anyio.create_task_group() as tg:
             for conn in self._connections.values():
                 tg.start_soon(one, conn)
 
-    async def notify_running(self, method: str, params: Mapping[str, Any] | None = None) -> None:
-        """A client notification (roots changed) for every running upstream."""
+    async def notify_running(self, method: str, params: Mapping[str, Any] | None = None, client: Any = None) -> None:
+        """A client notification (roots changed) for every running upstream (and `client`'s own sessions)."""
         for conn in self.ready_connections():
             try:
-                await conn.notify(method, params)
+                await conn.notify(method, params, client)
             except Exception as exc:
                 log.debug("notification not delivered", upstream=conn.name, method=method, error=str(exc)[:200])
 
@@ -369,7 +371,8 @@ class UpstreamPool:
         try:
             await self.ensure_live_catalog(name)  # eager means started, even with a snapshot at hand
         except Fault as fault:
-            log.warning("eager start failed", upstream=name, reason=fault.message)
+            if not self._closing:  # a start abandoned by a shutdown is no failure
+                log.warning("eager start failed", upstream=name, reason=fault.message)
 
     async def _shutdown(self, tg: anyio.abc.TaskGroup) -> None:
         """Ask every owner task to stop; cancel what has not stopped after a grace period.
@@ -530,7 +533,7 @@ def require_tool(catalog: Catalog, tool: str, snapshot: Catalog | None = None) -
 
 def _running(conn: UpstreamConnection) -> bool:
     """True while the upstream or one of its per-client sessions still runs."""
-    return conn.state in (State.READY, State.STARTING) or bool(len(conn.clients))
+    return conn.state in (State.READY, State.STARTING) or conn.clients.live > 0
 
 
 def _hidden_by(tools: ToolFilter) -> Callable[[str], bool]:

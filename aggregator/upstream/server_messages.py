@@ -1,10 +1,11 @@
 """Reading what an upstream sends: a message that cannot be read still answers its request.
 
-The SDK's parser (pydantic-core) refuses JSON nested deeper than about 128 levels, and a
-response whose `result` is not an object or whose `error` is not `{code, message}` is not
-JSON-RPC. Dropping such a line silently leaves the request waiting for its full timeout
-(and a too-deep `tools/list` answer loses the whole catalog). So a line that fails is read
-again with the standard library, and
+The SDK's parser (pydantic-core) refuses JSON nested deeper than about 128 levels, a lone
+surrogate (``"\\ud800"``) and invalid UTF-8; and a response whose `result` is not an object or
+whose `error` is not `{code, message}` is not JSON-RPC. Dropping such a line silently leaves the
+request waiting for its full timeout (and a too-deep `tools/list` answer loses the whole catalog).
+So a line that fails is read again with the standard library, with invalid Unicode replaced
+(`safetext.scrub`); if that is a valid message it goes on, else
 
 - in a listing's answer (`tools`, `prompts`, ...) only the entries nested too deep are replaced
   by a marker that the catalog cleaner drops with a reason, keeping the rest;
@@ -24,6 +25,7 @@ from mcp_types.jsonrpc import INTERNAL_ERROR
 
 from aggregator.catalog.model import DROPPED_MARK, MAX_NESTING, nesting_exceeds
 from aggregator.log import get_logger
+from aggregator.safetext import scrub
 
 log = get_logger(__name__)
 
@@ -40,9 +42,14 @@ def parse_upstream_line(line: bytes) -> SessionMessage | Exception:
     except ValueError as exc:
         first = exc
     try:
-        data: Any = json.loads(line)
+        data: Any = scrub(json.loads(line.decode("utf-8", "replace")))  # invalid Unicode replaced, never fatal
     except (ValueError, RecursionError):
         data = None
+    if data is not None and not nesting_exceeds(data, MAX_RESULT_NESTING + 1):  # +1: the envelope
+        try:
+            return SessionMessage(types.jsonrpc_message_adapter.validate_python(data, by_name=False))
+        except (ValueError, RecursionError):
+            pass
     salvaged = _salvage(data) if data is not None else _error_for_id(line, "it is not JSON")
     if salvaged is not None:
         try:

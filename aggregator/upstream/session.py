@@ -42,11 +42,6 @@ RELAYABLE_CAPABILITIES = types.ClientCapabilities(
 """What the aggregator can relay: declared to an upstream started before any client is known."""
 
 
-def offered_names(capabilities: types.ClientCapabilities) -> tuple[str, ...]:
-    """The relayable capabilities declared in `capabilities`, by name, sorted (what a catalog was listed under)."""
-    return tuple(name for name in ("elicitation", "roots", "sampling") if getattr(capabilities, name) is not None)
-
-
 Params = Mapping[str, Any] | None
 
 
@@ -61,6 +56,11 @@ class Via:
 
     origins: Sequence[Any] = ()
     client: Any = None
+
+
+def offered_names(capabilities: types.ClientCapabilities) -> tuple[str, ...]:
+    """The relayable capabilities declared in `capabilities`, by name, sorted (what a catalog was listed under)."""
+    return tuple(name for name in ("elicitation", "roots", "sampling") if getattr(capabilities, name) is not None)
 
 
 class Downstream(Protocol):

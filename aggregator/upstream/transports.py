@@ -15,17 +15,16 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import anyio
 import anyio.abc
 import httpx2
+import mcp.types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.client.sse import sse_client
 from mcp.client.stdio import get_default_environment
@@ -34,9 +33,11 @@ from mcp.shared.message import SessionMessage
 
 from aggregator.config import UpstreamConfig
 from aggregator.log import get_logger, redact_text
+from aggregator.safetext import SurrogateEscapes
 from aggregator.sdk import HTTP_TIMEOUT_SECONDS, SSE_READ_TIMEOUT_SECONDS
+from aggregator.upstream.guard_client import open_guarded_process
 from aggregator.upstream.server_messages import parse_upstream_line
-from aggregator.wire import LineSplitter, MessageTooLarge, encode
+from aggregator.wire import LineSplitter, MessageTooLarge, encode, error_answer
 
 log = get_logger(__name__)
 
@@ -202,6 +203,24 @@ class _CappedStream(httpx2.AsyncByteStream):
         await self._inner.aclose()
 
 
+class _ScrubbedStream(httpx2.AsyncByteStream):
+    """Lone surrogate escapes replaced (`SurrogateEscapes`): the SDK's parser refuses them outright."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream) -> None:
+        self._inner = inner
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        escapes = SurrogateEscapes()
+        async for chunk in self._inner:
+            if scrubbed := escapes.feed(chunk):
+                yield scrubbed
+        if rest := escapes.flush():
+            yield rest
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 class _CappedTransport(httpx2.AsyncBaseTransport):
     """Caps JSON bodies; SSE streams too when given an `_Overflow` (else the SDK caps their events)."""
 
@@ -217,6 +236,7 @@ class _CappedTransport(httpx2.AsyncBaseTransport):
             response.stream = _CappedStream(response.stream, self._limit, None)
         elif self._overflow is not None:
             response.stream = _CappedStream(response.stream, self._limit, self._overflow)
+        response.stream = _ScrubbedStream(response.stream)
         return response
 
     async def aclose(self) -> None:
@@ -289,18 +309,10 @@ async def _relayed(
 async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[TransportHandle]:
     assert config.command is not None
     env = get_default_environment() | dict(config.env)
-    argv = guarded([_resolve_command(config.command, env, config.cwd), *config.args])
+    argv = [_resolve_command(config.command, env, config.cwd), *config.args]
     err_read, err_write = os.pipe()
-    try:
-        process = await anyio.open_process(
-            argv,
-            env=env,
-            cwd=config.cwd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err_write,
-            start_new_session=True,
-        )
+    try:  # under the shared guard (guard.py): no process of the upstream outlives us
+        process = await open_guarded_process(argv, env=env, cwd=config.cwd, stderr=err_write)
     except BaseException:
         os.close(err_read)
         os.close(err_write)
@@ -313,7 +325,7 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_read_stdout, process, to_session, handle)
-            tg.start_soon(_write_stdin, process, from_session, handle.closed)
+            tg.start_soon(_write_stdin, process, from_session, to_session, handle.closed)
             tg.start_soon(_watch_exit, process, to_session, handle.closed)
             try:
                 yield handle
@@ -324,16 +336,6 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
             await _stop_process(process)
             for stream in (to_session, read, write, from_session):
                 await stream.aclose()
-
-
-GUARD = Path(__file__).with_name("guard.py")
-
-
-def guarded(argv: list[str]) -> list[str]:
-    """On Linux, `argv` run under the guard (see guard.py), so no process of it outlives us."""
-    if sys.platform != "linux":
-        return argv
-    return [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), *argv]
 
 
 def _resolve_command(command: str, env: Mapping[str, str], cwd: str | None) -> str:
@@ -400,12 +402,18 @@ async def _watch_exit(
 async def _write_stdin(
     process: anyio.abc.Process,
     from_session: MemoryObjectReceiveStream[SessionMessage],
+    to_session: MemoryObjectSendStream[SessionMessage | Exception],
     closed: anyio.Event,
 ) -> None:
     assert process.stdin is not None
     try:
         async for message in from_session:
-            await process.stdin.send(encode(message))
+            line = encode(message)
+            if line:
+                await process.stdin.send(line)
+            elif isinstance(message.message, types.JSONRPCRequest):  # never sent: its caller is answered now
+                answer = error_answer(message.message.id, "the request could not be serialised as JSON")
+                await to_session.send(SessionMessage(answer))
     except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
         closed.set()
 

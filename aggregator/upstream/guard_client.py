@@ -1,0 +1,299 @@
+"""The aggregator's side of the shared guard (`guard.py`): one guard process for all stdio upstreams.
+
+`open_guarded_process` starts an upstream through the guard and returns an `anyio.abc.Process`
+whose stdin and stdout are plain pipes the aggregator made (the guard only holds them long enough
+to hand them to the upstream). The guard is started on the first need and again if it died; one
+reader thread takes its answers (pids, exit codes), so no event loop owns it and every loop of the
+process (tests run many) shares it. When its last upstream has exited the guard is told to go (its
+socket is shut): nothing idles, and the next upstream starts a new one. Off Linux there is no
+guard: the upstream is spawned directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future
+from contextlib import suppress
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import anyio.to_thread
+
+GUARD = Path(__file__).with_name("guard.py")
+READ_CHUNK = 65536
+EXIT_POLL_SECONDS = 0.02
+
+
+class GuardError(OSError):
+    """The guard could not start the upstream (its message says why)."""
+
+
+class _Retired(Exception):
+    """This guard was told to go (its last upstream exited): ask a new one."""
+
+
+class _Guard:
+    """One running guard: its socket, the reader thread, and the upstreams it reported."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.process = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+        theirs.close()
+        self.sock = ours
+        self.owner_pid = os.getpid()
+        self.lock = threading.Lock()
+        self.next_id = 0
+        self.pending: dict[int, Future[int]] = {}
+        self.processes: dict[int, GuardedProcess | None] = {}  # None: spawned, not registered yet
+        self.early_exits: dict[int, int] = {}  # exits reported before their process was registered
+        self.alive = True
+        self.retired = False  # told to go once idle (not dead)
+        threading.Thread(target=self._read, name="aggregator-guard", daemon=True).start()
+
+    def spawn(self, argv: list[str], env: Mapping[str, str], cwd: str | None, fds: list[int]) -> int:
+        with self.lock:
+            if not self.alive:
+                raise _Retired if self.retired else GuardError("the guard process has exited")
+            self.next_id += 1
+            ident = self.next_id
+            answer: Future[int] = Future()
+            self.pending[ident] = answer
+            request = {"id": ident, "argv": argv, "env": dict(env), "cwd": cwd}
+            try:
+                socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
+            except OSError:
+                self.pending.pop(ident, None)
+                raise
+        return answer.result()
+
+    def register(self, process: GuardedProcess) -> None:
+        with self.lock:
+            code = self.early_exits.pop(process.pid, None)
+            if code is not None:
+                process.exited(code)
+            elif process.pid not in self.processes:  # the guard died in between, and the upstream with it
+                process.exited(128 + signal.SIGKILL)
+            else:
+                self.processes[process.pid] = process
+
+    def _retire_if_idle(self) -> None:
+        """No upstream left and none starting: tell the guard to go (under the lock)."""
+        if self.alive and not self.processes and not self.pending:
+            self.alive, self.retired = False, True
+            with suppress(OSError):
+                self.sock.shutdown(socket.SHUT_WR)  # the guard reads end-of-file, ends what is left, exits
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            message = json.loads(data)
+            with self.lock:
+                if "exit" in message:
+                    process = self.processes.pop(message["exit"], None)
+                    if process is not None:
+                        process.exited(int(message["code"]))
+                    else:
+                        self.early_exits[message["exit"]] = int(message["code"])
+                    self._retire_if_idle()
+                    continue
+                answer = self.pending.pop(message["id"], None)
+                if answer is not None and "pid" in message:
+                    self.processes[int(message["pid"])] = None
+            if answer is not None:
+                if "pid" in message:
+                    answer.set_result(int(message["pid"]))
+                else:
+                    answer.set_exception(GuardError(message.get("error", "the guard refused")))
+        with self.lock:  # the guard died: its upstreams died with it (PR_SET_PDEATHSIG)
+            self.alive = False
+            for answer in self.pending.values():
+                answer.set_exception(GuardError("the guard process has exited"))
+            for pid, process in self.processes.items():
+                if process is not None:
+                    process.exited(128 + signal.SIGKILL)
+                else:
+                    self.early_exits[pid] = 128 + signal.SIGKILL
+            self.pending.clear()
+            self.processes.clear()
+        with suppress(OSError):
+            self.sock.close()
+        with suppress(OSError):
+            self.process.wait()
+
+
+_current: _Guard | None = None
+_current_lock = threading.Lock()
+
+
+def _guard() -> _Guard:
+    """The running guard of this process, started (or restarted) on demand."""
+    global _current
+    with _current_lock:
+        if _current is None or not _current.alive or _current.owner_pid != os.getpid():
+            _current = _Guard()
+        return _current
+
+
+def guard_pid() -> int | None:
+    """The pid of the running guard, if any (tests and the memory benchmark look at it)."""
+    return _current.process.pid if _current is not None and _current.alive else None
+
+
+class _PipeEnd:
+    """One end of a pipe, non-blocking, on whatever event loop uses it; closing tells the loop first."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self._fd: int | None = fd
+
+    async def aclose(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            anyio.notify_closing(fd)
+            os.close(fd)
+
+
+class PipeReceive(_PipeEnd, anyio.abc.ByteReceiveStream):
+    """The read end of a pipe."""
+
+    async def receive(self, max_bytes: int = READ_CHUNK) -> bytes:
+        await anyio.lowlevel.checkpoint()
+        while True:
+            if self._fd is None:
+                raise anyio.ClosedResourceError
+            try:
+                data = os.read(self._fd, max_bytes)
+            except BlockingIOError:
+                await anyio.wait_readable(self._fd)
+                continue
+            if not data:
+                raise anyio.EndOfStream
+            return data
+
+
+class PipeSend(_PipeEnd, anyio.abc.ByteSendStream):
+    """The write end of a pipe; a reader that went away is a broken resource."""
+
+    async def send(self, item: bytes) -> None:
+        await anyio.lowlevel.checkpoint()
+        view = memoryview(item)
+        while view:
+            if self._fd is None:
+                raise anyio.ClosedResourceError
+            try:
+                view = view[os.write(self._fd, view) :]
+            except BlockingIOError:
+                await anyio.wait_writable(self._fd)
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise anyio.BrokenResourceError from exc
+
+
+class GuardedProcess(anyio.abc.Process):
+    """An upstream started by the guard: the guard is its parent, so its exit code comes from there."""
+
+    def __init__(self, pid: int, stdin: int, stdout: int) -> None:
+        self._pid = pid
+        self._returncode: int | None = None
+        self._stdin = PipeSend(stdin)
+        self._stdout = PipeReceive(stdout)
+
+    def exited(self, code: int) -> None:
+        """Called from the guard's reader thread; an int assignment is atomic."""
+        self._returncode = code
+
+    async def wait(self) -> int:
+        while self._returncode is None:
+            await anyio.sleep(EXIT_POLL_SECONDS)
+        return self._returncode
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def send_signal(self, sig: int) -> None:
+        if self._returncode is None:
+            with suppress(ProcessLookupError, PermissionError):
+                os.kill(self._pid, sig)
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    @property
+    def stdin(self) -> anyio.abc.ByteSendStream:
+        return self._stdin
+
+    @property
+    def stdout(self) -> anyio.abc.ByteReceiveStream:
+        return self._stdout
+
+    @property
+    def stderr(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        await self._stdin.aclose()
+        await self._stdout.aclose()
+
+
+async def open_guarded_process(
+    argv: list[str], *, env: Mapping[str, str], cwd: str | None, stderr: int
+) -> anyio.abc.Process:
+    """Start `argv` in its own session under the shared guard (Linux), or directly elsewhere.
+
+    `stderr` is a descriptor the caller keeps ownership of. Raises `OSError` when the guard cannot
+    start the upstream (the command itself is checked by the caller first).
+    """
+    if sys.platform != "linux":
+        return await anyio.open_process(
+            argv, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, start_new_session=True
+        )
+    stdin_read, stdin_write = os.pipe()
+    stdout_read, stdout_write = os.pipe()
+    try:
+        guard, pid = await anyio.to_thread.run_sync(_spawn, argv, env, cwd, [stdin_read, stdout_write, stderr])
+    except BaseException:
+        for fd in (stdin_write, stdout_read):
+            os.close(fd)
+        raise
+    finally:
+        for fd in (stdin_read, stdout_write):
+            os.close(fd)
+    process = GuardedProcess(pid, stdin_write, stdout_read)
+    guard.register(process)
+    return process
+
+
+def _spawn(argv: list[str], env: Mapping[str, str], cwd: str | None, fds: list[int]) -> tuple[_Guard, int]:
+    """Start the upstream under the current guard, or a new one if that one was just retired."""
+    while True:
+        guard = _guard()
+        try:
+            return guard, guard.spawn(argv, env, cwd, fds)
+        except _Retired:
+            continue

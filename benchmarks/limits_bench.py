@@ -1,0 +1,252 @@
+"""How far `aggregator serve` is from the physical limit (issue 24), every figure beside its baseline in one run.
+
+    .venv/bin/python benchmarks/limits_bench.py [--reps 7] [--calls 1000] [--upstreams 5]
+
+1. Start-up, broken down by phase (medians of interleaved runs, wall ms and the process's own CPU):
+   the bare interpreter, importing what `serve` imports, spawn → `initialize` answered, spawn →
+   `tools/list` answered (1 lazy upstream); beside the same for a direct upstream built on the SDK
+   (`examples/toolbox.py`, the kind of server the aggregator fronts) and the stdlib test server.
+2. Per call: sequential `tools/call echo` round trips, direct and through each path of ours
+   (`catalog_call_tool`; a directly exposed `up01__echo`), interleaved in blocks: p50/p90 added
+   over direct, and the aggregator's CPU per call (from /proc).
+3. Memory: the aggregator's own resident memory (its process tree minus the upstreams: the
+   aggregator and its guard) with 1 and with N running upstreams, and the cost of each additional one.
+
+Linux only (/proc). The upstream of 2 and 3 is `examples/testkit.py` (standard library only), so
+the figures are the aggregator's own cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from passthrough_bench import cpu_seconds, process_of
+from proxy_bench import TESTKIT, aggregator_params, pct, session_for, timed_calls
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLBOX = [str(ROOT / "examples" / "toolbox.py")]
+SERVE_IMPORTS = "import aggregator.cli, aggregator.proxy.server, aggregator.upstream.pool, aggregator.downstream.stdio"
+ECHO = {"server": "up01", "tool": "echo", "arguments": {"message": "p"}}
+INIT = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}
+
+
+def write_config(directory: Path, count: int, expose: str = "catalog") -> Path:
+    upstreams = {
+        f"up{i:02d}": {"command": sys.executable, "args": TESTKIT, "expose": expose} for i in range(1, count + 1)
+    }
+    path = directory / f"limits-{count}-{expose}.yaml"
+    path.write_text(json.dumps({"upstreams": upstreams}))
+    return path
+
+
+# ---------------------------------------------------------------- 1. start-up by phase
+
+
+def own_cpu_ms(pid: int) -> float:
+    return cpu_seconds(pid) * 1000
+
+
+def run_to_exit(argv: list[str]) -> tuple[float, float]:
+    """Wall and CPU ms of a command that exits by itself."""
+    started = time.perf_counter()
+    before = os.times()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+    after = os.times()
+    cpu = (after.children_user - before.children_user + after.children_system - before.children_system) * 1000
+    return (time.perf_counter() - started) * 1000, cpu
+
+
+def spawn_to_list(argv: list[str]) -> tuple[float, float, float]:
+    """Wall ms to `initialize` answered, to `tools/list` answered, and the server's own CPU ms then."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT)
+    assert proc.stdin and proc.stdout
+
+    def send(message: dict[str, Any]) -> None:
+        assert proc.stdin
+        proc.stdin.write((json.dumps({"jsonrpc": "2.0", **message}) + "\n").encode())
+        proc.stdin.flush()
+
+    send({"id": 1, "method": "initialize", "params": INIT})
+    proc.stdout.readline()
+    initialized = (time.perf_counter() - started) * 1000
+    send({"method": "notifications/initialized"})
+    send({"id": 2, "method": "tools/list"})
+    proc.stdout.readline()
+    listed = (time.perf_counter() - started) * 1000
+    cpu = own_cpu_ms(proc.pid)
+    proc.stdin.close()
+    proc.wait(timeout=30)
+    return initialized, listed, cpu
+
+
+def bench_startup(directory: Path, reps: int) -> None:
+    python = [sys.executable]
+    config = write_config(directory, 1)
+    serve = aggregator_params(config)
+    runs: dict[str, Any] = {
+        "interpreter": lambda: run_to_exit([*python, "-c", "pass"]),
+        "imports": lambda: run_to_exit([*python, "-c", SERVE_IMPORTS]),
+        "aggregator": lambda: spawn_to_list([serve.command, *serve.args]),
+        "direct SDK server": lambda: spawn_to_list([*python, *TOOLBOX]),
+        "direct stdlib server": lambda: spawn_to_list([*python, *TESTKIT]),
+    }
+    for run in runs.values():  # unrecorded priming (page cache)
+        run()
+    samples: dict[str, list[tuple[float, ...]]] = {name: [] for name in runs}
+    for rep in range(reps):
+        names = list(runs)
+        names = names[rep % len(names) :] + names[: rep % len(names)]
+        for name in names:
+            samples[name].append(runs[name]())
+
+    def med(name: str, index: int) -> float:
+        return statistics.median(sample[index] for sample in samples[name])
+
+    print(f"1. Start-up, medians of {reps} interleaved runs (wall ms; own CPU ms)")
+    rows = [("interpreter", "interpreter", 0, 1), ("+ the modules serve imports", "imports", 0, 1)]
+    for name in ("aggregator", "direct SDK server", "direct stdlib server"):
+        rows += [(f"{name}: initialize answered", name, 0, -1), (f"{name}: tools/list answered", name, 1, 2)]
+    for label, name, wall, cpu in rows:
+        cpu_text = f"   cpu {med(name, cpu):6.0f}" if cpu >= 0 else ""
+        print(f"  {label:40} {med(name, wall):8.0f}{cpu_text}")
+    ratio = med("aggregator", 1) / med("direct SDK server", 1)
+    print(f"  aggregator / direct SDK server, to tools/list: {ratio:.2f}")
+
+
+# ---------------------------------------------------------------- 2. per call
+
+
+async def bench_calls(directory: Path, calls: int, block: int = 50) -> None:
+    catalog = write_config(directory, 1)
+    direct_cfg = write_config(directory, 1, expose="direct")
+    paths = {
+        "catalog_call_tool": (
+            catalog,
+            "catalog_call_tool",
+            {"server": "up01", "tool": "echo", "arguments": {"message": "p"}},
+        ),
+        "direct-exposed tool": (direct_cfg, "up01__echo", {"message": "p"}),
+    }
+    direct_params = StdioServerParameters(command=sys.executable, args=TESTKIT)
+    print(f"\n2. Sequential tools/call round trips ({calls} per path, interleaved blocks of {block}); ms")
+    print(f"  {'':22} {'direct p50':>10} {'ours p50':>9} {'added p50':>10} {'added p90':>10} {'our CPU/call':>13}")
+    async with session_for(direct_params) as direct:
+        for label, (config, tool, args) in paths.items():
+            async with session_for(aggregator_params(config)) as agg:
+                await timed_calls(direct, "echo", {"message": "p"}, 200)  # warm-up; starts the upstream
+                await timed_calls(agg, tool, args, 200)
+                pid = process_of(config)
+                direct_ms, agg_ms, cpu = await interleaved(direct, agg, tool, args, calls, block, pid)
+                added = [pct(agg_ms, p) - pct(direct_ms, p) for p in (50, 90)]
+                print(
+                    f"  {label:22} {pct(direct_ms, 50):10.3f} {pct(agg_ms, 50):9.3f}"
+                    f" {added[0]:10.3f} {added[1]:10.3f} {cpu / len(agg_ms) * 1000:13.3f}"
+                )
+
+
+async def interleaved(
+    direct: ClientSession, agg: ClientSession, tool: str, args: dict[str, Any], calls: int, block: int, pid: int | None
+) -> tuple[list[float], list[float], float]:
+    direct_ms: list[float] = []
+    agg_ms: list[float] = []
+    cpu = 0.0
+    for round_ in range(calls // block):
+        order = [True, False] if round_ % 2 == 0 else [False, True]
+        for ours in order:
+            if ours:
+                before = cpu_seconds(pid)
+                agg_ms += await timed_calls(agg, tool, args, block)
+                cpu += cpu_seconds(pid) - before
+            else:
+                direct_ms += await timed_calls(direct, "echo", {"message": "p"}, block)
+    return direct_ms, agg_ms, cpu
+
+
+# ---------------------------------------------------------------- 3. memory
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, queue = [root], [root]
+    while queue:
+        kids = children.get(queue.pop(), [])
+        found += kids
+        queue += kids
+    return found
+
+
+async def own_memory(directory: Path, count: int) -> float:
+    """RSS of the aggregator's tree minus its upstreams, all `count` upstreams running, after 200 calls."""
+    config = write_config(directory, count)
+    async with session_for(aggregator_params(config)) as agg:
+        for i in range(1, count + 1):
+            await agg.call_tool(
+                "catalog_call_tool", {"server": f"up{i:02d}", "tool": "echo", "arguments": {"message": "p"}}
+            )
+        await timed_calls(
+            agg, "catalog_call_tool", {"server": "up01", "tool": "echo", "arguments": {"message": "p"}}, 200
+        )
+        pid = process_of(config)
+        assert pid is not None
+        total = 0.0
+        for member in tree(pid):
+            argv = Path(f"/proc/{member}/cmdline").read_bytes()
+            if b"testkit.py" not in argv or b"guard.py" in argv:
+                total += rss_mb(member)
+        return total
+
+
+async def bench_memory(directory: Path, upstreams: int) -> None:
+    one = await own_memory(directory, 1)
+    many = await own_memory(directory, upstreams)
+    print("\n3. Own resident memory (process tree minus upstreams), after 200 calls")
+    print(f"  1 running upstream   {one:7.1f} MB")
+    each = (many - one) / (upstreams - 1)
+    print(f"  {upstreams} running upstreams  {many:7.1f} MB   +{each:.2f} MB per additional upstream")
+
+
+async def main() -> None:
+    if not os.path.isdir("/proc"):
+        sys.exit("limits_bench needs Linux (/proc)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--upstreams", type=int, default=5, help="running upstreams for the memory figure")
+    parser.add_argument("--reps", type=int, default=7, help="interleaved start-up runs")
+    parser.add_argument("--calls", type=int, default=1000, help="round trips per path")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        bench_startup(Path(tmp), args.reps)
+        await bench_calls(Path(tmp), args.calls)
+        await bench_memory(Path(tmp), max(2, args.upstreams))
+
+
+if __name__ == "__main__":
+    anyio.run(main)

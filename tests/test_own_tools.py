@@ -1,0 +1,48 @@
+"""`own_tools:` chooses the aggregator's own tool families a client sees (the catalog tools always)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aggregator.config import ConfigError, parse_config
+from tests.conftest import aggregator_client, kit_upstream, write_config
+
+CATALOG = {"catalog_list_servers", "catalog_list_tools", "catalog_describe_tool", "catalog_search_tools"}
+CATALOG |= {"catalog_call_tool"}
+INTROSPECTION = {"apropos-search", "who-references"}
+TEXT_INDEX = {"search_create_index", "search_add_document", "search_index"}
+
+
+@pytest.mark.parametrize(
+    ("own_tools", "expected"),
+    [
+        (None, CATALOG | INTROSPECTION | TEXT_INDEX),  # the default: every family
+        ({"introspection": False, "text_index": False}, CATALOG),
+        ({"text_index": False}, CATALOG | INTROSPECTION),
+        ({"introspection": False}, CATALOG | TEXT_INDEX),
+    ],
+)
+async def test_own_tools_choose_the_families(
+    tmp_path: Path, own_tools: dict[str, bool] | None, expected: set[str]
+) -> None:
+    top = {"own_tools": own_tools} if own_tools is not None else {}
+    config = write_config(tmp_path, {"kit": kit_upstream()}, **top)
+    async with aggregator_client(config) as session:
+        listed = {tool.name for tool in (await session.list_tools()).tools}
+        assert listed == expected
+        if "search_index" not in expected:  # a family turned off is not callable either
+            result = await session.call_tool("search_index", {"query": "x"})
+            assert result.is_error
+        called = await session.call_tool(
+            "catalog_call_tool", {"server": "kit", "tool": "echo", "arguments": {"message": "hi"}}
+        )
+        assert not called.is_error
+
+
+def test_own_tools_mistakes_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match=r"own_tools\.introspektion"):
+        parse_config("own_tools: {introspektion: false}\nupstreams: {}\n", "a.yaml")
+    with pytest.raises(ConfigError, match="own_tools"):
+        parse_config("own_tools: [text_index]\nupstreams: {}\n", "a.yaml")
