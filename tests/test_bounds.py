@@ -8,11 +8,13 @@ from pathlib import Path
 
 import anyio
 import pytest
-from aggregator.catalog.tokens import identifiers, tokenize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregator.catalog.model import SUMMARY_CHARS, summarize
+from aggregator.catalog.model import SUMMARY_CHARS, clean_tool, summarize
+from aggregator.catalog.search import MAX_INDEXED_CHARS
+from aggregator.catalog.search.documents import tool_fields
+from aggregator.catalog.search.tokens import identifiers, tokenize
 from aggregator.config.errors import ConfigError
 from aggregator.config.files import read_text
 from aggregator.textindex.highlight import RADIUS, make_highlights
@@ -44,6 +46,15 @@ def test_text_helpers_are_linear_on_a_megabyte(pattern: str) -> None:
     if query is not None:
         snippets = make_highlights(text, config, query)
         assert len(snippets) <= 3 and sum(map(len, snippets)) <= 3 * (len(" ".join(words)) + 2 * RADIUS + 6)
+
+
+def test_a_megabyte_description_is_indexed_by_its_head() -> None:
+    """Tokenizing two 1 MB descriptions held the event loop ~0.5 s at load; only the head counts."""
+    description = "Lists the files. " + "e.g. " * (MEGABYTE // 5) + "zebrafinch"
+    tool = clean_tool("kit", {"name": "big", "description": description, "inputSchema": {"type": "object"}})
+    tokens = tool_fields(tool)["description"]
+    assert tokens[:3] == tokenize("Lists the files") and "zebrafinch" not in tokens
+    assert len(tokens) <= MAX_INDEXED_CHARS
 
 
 def test_a_long_phrase_over_a_dense_megabyte_note_is_bounded_and_off_the_lock() -> None:

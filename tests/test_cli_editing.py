@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,7 +13,7 @@ import pytest
 
 from aggregator.config import load_config, user_config_file
 from aggregator.config.editing import STARTER
-from tests.conftest import EXAMPLES, run_main
+from tests.conftest import EXAMPLES, aggregator_env, run_main
 
 
 @pytest.fixture
@@ -104,3 +107,37 @@ def test_add_replace(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     done = run_main(capsys, "add", "kit", "--replace", "--", "three")
     assert done.returncode == 0 and "replaced kit" in done.stdout
     assert {name: u.command for name, u in load_config().upstreams.items()} == {"other": "two", "kit": "three"}
+
+
+def test_init_asks_on_a_terminal(tmp_path: Path) -> None:
+    """On a terminal `init` offers to import what the clients have; Enter says yes. Run from the home
+    directory, where ~/.cursor/mcp.json is both the user and the project file: one server, not two."""
+    home = tmp_path / "home"
+    (home / ".cursor").mkdir(parents=True)
+    (home / ".cursor/mcp.json").write_text(json.dumps({"mcpServers": {"time": {"command": "uvx", "args": ["t"]}}}))
+    env = aggregator_env(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), TERM="dumb")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aggregator", "init"], stdin=slave, stdout=slave, stderr=slave, env=env, cwd=home
+    )
+    os.close(slave)
+    seen = b""
+    while b"[Y/n]" not in seen:
+        chunk = os.read(master, 4096)
+        assert chunk, seen
+        seen += chunk
+    assert b"import 1 server from cursor?" in seen
+    os.write(master, b"\n")
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the process ended and closed its side
+            break
+        if not chunk:
+            break
+        seen += chunk
+    assert proc.wait(timeout=60) == 0, seen
+    os.close(master)
+    assert b"imported 1 server: time" in seen
+    text = (home / ".config/aggregator/aggregator.yaml").read_text()
+    assert text.startswith(STARTER) and "\n  time:\n" in text

@@ -302,3 +302,9 @@ def test_claude_code_local_scope_and_project_files_keep_their_project(tmp_path: 
     upstreams = load_config(config, environ={}).upstreams
     assert upstreams["local-git"].cwd == project and upstreams["local-git"].args[-1] == "."
     assert upstreams["site"].cwd == project and "no" not in upstreams and "code" in upstreams
+
+
+def test_run_from_home_a_project_file_that_is_the_user_file_is_read_once() -> None:
+    places = Places(home=Path("H"), cwd=Path("H"), platform="linux")
+    cursor = [(f.scope, f.path.as_posix()) for f in client_files(places, ("cursor",))]
+    assert cursor == [("user", "H/.cursor/mcp.json")]

@@ -28,7 +28,7 @@ from mcp.shared.exceptions import MCPError
 
 from aggregator.config import ConfigError, parse_config
 from aggregator.proxy.relay import MAX_RELAYED_PER_CLIENT
-from aggregator.proxy.routing import ResourceRouter
+from aggregator.proxy.routing import ResourceRouter, TaskRouter
 from aggregator.sdk import raw_request
 from tests.conftest import (
     ROOT,
@@ -328,6 +328,21 @@ async def test_a_tasks_request_goes_to_the_tasks_creator_while_other_clients_cal
         assert a.elicited and b.elicited == []
         assert "a" in json.dumps(result) and "elicitation unavailable" not in json.dumps(result)
         tg.cancel_scope.cancel()  # b's call has served its purpose
+
+
+def test_the_same_task_id_minted_for_two_clients_stays_each_ones() -> None:
+    """Sessions per client: one upstream may give two clients the same task id."""
+    tasks = TaskRouter()
+    a, b = object(), object()
+    tasks.remember("up", {"task": {"taskId": "1"}}, a)
+    tasks.remember("up", {"task": {"taskId": "1"}}, b)
+    tasks.remember("other", {"task": {"taskId": "1"}}, a)
+    assert tasks.server_for("1", a) == "other" and tasks.server_for("1", b) == "up"
+    assert tasks.server_for("1", object()) is None and tasks.server_for("2", a) is None
+    assert tasks.creators("1", "up") == [a, b] and tasks.creators("1", "other") == [a]
+    for _ in range(20):  # bounded per id
+        tasks.remember("up", {"task": {"taskId": "1"}}, object())
+    assert len(tasks.creators("1", "up")) + len(tasks.creators("1", "other")) <= 8
 
 
 # ---------------------------------------------------------------- 20.7: requests outside a call

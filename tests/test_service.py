@@ -392,6 +392,26 @@ def test_service_sigkilled_under_clients(service: Service, relay: bool) -> None:
         assert finish(again) == 0
 
 
+def test_the_handed_over_stdin_is_left_blocking(service: Service) -> None:
+    """The service serves the client's pipe non-blocking; the description is shared (a terminal, say): restored."""
+    read_end, write_end = os.pipe()
+    client = subprocess.Popen(
+        [sys.executable, "-m", "aggregator", "connect", "--config", str(service.config)],
+        stdin=read_end,
+        stdout=subprocess.PIPE,
+        env=service.env(),
+    )
+    try:
+        os.write(write_end, json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INIT}).encode())
+        os.write(write_end, b"\n")
+        assert "result" in answer(client, 0)
+    finally:
+        os.close(write_end)
+    assert client.wait(timeout=30) == 0
+    assert os.get_blocking(read_end)
+    os.close(read_end)
+
+
 def test_service_stops_when_idle_and_removes_its_sockets(service: Service) -> None:
     client = service.connect(AGGREGATOR_SERVICE_IDLE_SECONDS="0.5")
     handshake(client)

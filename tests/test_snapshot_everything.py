@@ -25,7 +25,9 @@ from tests.test_passthrough_everything import Host, everything_config
 
 
 def snapshot_of(data: Path) -> dict[str, object]:
-    return dict(json.loads((data / "catalogs" / "everything.json").read_text()))
+    """The one snapshot file of upstream `everything` (named `everything.<definition digest>.json`)."""
+    [path] = (data / "catalogs").glob("everything.*.json")
+    return dict(json.loads(path.read_text()))
 
 
 async def test_a_second_session_sees_the_instructions_and_all_17_tools(tmp_path: Path) -> None:

@@ -286,3 +286,24 @@ def test_a_crlf_file_with_a_bom_comes_back_byte_for_byte(tmp_path: Path) -> None
     assert "aggregator" in json.loads(file.path.read_text())["mcpServers"]
     commands.uninstall_client(file)
     assert file.path.read_bytes() == original
+
+
+def test_a_client_that_keeps_rewriting_its_file_gets_a_refusal_and_loses_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    places, file, config = _cursor_home(tmp_path)
+    file.path.write_text(json.dumps({"mcpServers": {"a": {"command": "run-a"}}}))
+    real, writes = commands.write_atomic, [0]
+
+    def client_rewrites(path: Path, content: str | bytes, *, expected: str | None) -> None:
+        if path == file.path:
+            writes[0] += 1
+            _edit_json(file.path, lambda d: d.update(edits=writes[0]))
+        real(path, content, expected=expected)
+
+    monkeypatch.setattr(commands, "write_atomic", client_rewrites)
+    code = commands._retrying(file, lambda: commands.install_client(file, config, places, dry_run=False))
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and "nothing was written" in err and writes[0] == commands.ATTEMPTS
+    assert json.loads(file.path.read_text()) == {"mcpServers": {"a": {"command": "run-a"}}, "edits": 3}
+    assert sorted(p.name for p in file.path.parent.iterdir()) == ["mcp.json"]  # no backup left behind

@@ -30,7 +30,13 @@ EXIT_USAGE = 2
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     """Add `auth login|status|logout` to the CLI's subparsers."""
-    auth = sub.add_parser("auth", parents=[common], help="sign in to remote upstreams that use OAuth")
+    auth = sub.add_parser(
+        "auth",
+        parents=[common],
+        help="sign in to remote upstreams that use OAuth",
+        description="Sign in once to remote upstreams behind OAuth; tokens stay in the data dir (0600), never "
+        "in the config or a log. login NAME signs in, status shows expiry and scopes, logout NAME forgets.",
+    )
     actions = auth.add_subparsers(dest="auth_action", metavar="ACTION", required=True)
     login = actions.add_parser(
         "login",
@@ -130,7 +136,7 @@ def sign_in_state(store: TokenStore, upstream: UpstreamConfig) -> dict[str, Any]
         state = "signed in"
     return {
         "name": upstream.name,
-        "auth": upstream.auth or "oauth",
+        "auth": upstream.auth or "auto",  # auto: OAuth once the server asks for it
         "state": state,
         "expires_in": left,
         "scopes": redact_text(str(tokens.get("scope") or "")),

@@ -52,10 +52,18 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "connect",
         parents=[common],
         help="what an MCP client runs: attach to this user's aggregator service (starting it), hand it stdio",
+        description="What a client's config runs instead of serve: attach to the running aggregator service of this "
+        "user and config (starting it when none runs) and carry the client's stdio to it. One set of upstreams "
+        "serves every client (docs/service.md).",
     )
     connect.add_argument("--data-dir", type=Path, help="where indexes and snapshots live (as for serve)")
     connect.set_defaults(standalone=_connect)
-    service = sub.add_parser("service", parents=[common], help="the per-user service behind `connect`")
+    service = sub.add_parser(
+        "service",
+        parents=[common],
+        help="the per-user service behind `connect`",
+        description="Operate the per-user service that `connect` attaches to: status, stop, logs.",
+    )
     actions = service.add_subparsers(dest="action", required=True)
     for name, what, handler in (
         ("status", "pid, socket, uptime, clients, upstreams, memory", _status),

@@ -98,7 +98,13 @@ def client_files(places: Places, clients: tuple[str, ...] = CLIENTS) -> list[Cli
         ),
         ClientFile("codex", codex_home / "config.toml", "toml", ("mcp_servers",), "user"),
     ]
-    return [entry for entry in table if entry.client in clients]
+    seen: set[tuple[Path, tuple[str, ...]]] = set()
+    files = []
+    for entry in table:  # run from the home directory, a project file is the user file: read it once
+        if entry.client in clients and (entry.path, entry.section) not in seen:
+            seen.add((entry.path, entry.section))
+            files.append(entry)
+    return files
 
 
 @dataclass(frozen=True)

@@ -170,7 +170,7 @@ class OwnTools(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     introspection: bool = True  # apropos-search, who-references (~1.9 KB of tools/list)
-    text_index: bool = True  # search_create_index, search_add_document, search_index (~3.7 KB)
+    text_index: bool = True  # search_create_index, search_add_document, search_index (~3.1 KB)
 
 
 class AggregatorConfig(BaseModel):

@@ -121,7 +121,13 @@ async def _session(server: Any, conn: socket.socket, limits: StdioLimits, attach
         elif fds:  # `connect` passed the client's own stdin and stdout: serve them, no hop in between
             wire = Wire(fds[0], fds[1], _pollable(fds[0], selectors.EVENT_READ), False)
             wire.poll_out = _pollable(fds[1], selectors.EVENT_WRITE)
-            await _serve(server, wire, limits, early[1:], lifeline=conn)
+            blocking = [os.get_blocking(fd) for fd in fds]  # shared with the client's side (a terminal...)
+            try:
+                await _serve(server, wire, limits, early[1:], lifeline=conn)
+            finally:
+                for fd, was in zip(fds, blocking, strict=True):
+                    with suppress(OSError):
+                        os.set_blocking(fd, was)
         else:  # `connect --relay` or any plain client: the socket carries the messages
             fds = [fcntl.fcntl(conn.fileno(), fcntl.F_DUPFD_CLOEXEC, 3)]  # the writer's own end
             await _serve(server, Wire(conn.fileno(), fds[0], True, True), limits, early)

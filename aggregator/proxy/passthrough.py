@@ -267,14 +267,15 @@ class Passthrough:
         if ctx.method == "tasks/list":
             return await self._list_tasks(ctx)
         task_id = raw.get("taskId")
-        owner = self.tasks.owner(task_id) if isinstance(task_id, str) else None
-        if owner is None or not _is_caller(owner[1], ctx):
+        server = self.tasks.server_for(task_id, client_connection(ctx.session)) if isinstance(task_id, str) else None
+        if server is None:
             raise MCPError(types.INVALID_PARAMS, f"unknown task {task_id!r}")
         raw.pop("_meta", None)
-        return await self.forward(owner[0], ctx.method, {**passthrough_meta(ctx), **raw}, ctx)
+        return await self.forward(server, ctx.method, {**passthrough_meta(ctx), **raw}, ctx)
 
     async def _list_tasks(self, ctx: ServerRequestContext[Any]) -> dict[str, Any]:
         """The caller's own tasks, as the upstreams that run them list them."""
+        caller = client_connection(ctx.session)
         tasks: list[Any] = []
         for conn in self.pool.ready_connections():
             caps = conn.server_capabilities
@@ -287,8 +288,7 @@ class Passthrough:
                 continue
             for task in result.get("tasks") or []:
                 task_id = task.get("taskId") if isinstance(task, Mapping) else None
-                owner = self.tasks.owner(task_id) if isinstance(task_id, str) else None
-                if owner is not None and owner[0] == conn.name and _is_caller(owner[1], ctx):
+                if isinstance(task_id, str) and self.tasks.server_for(task_id, caller) == conn.name:
                     tasks.append(task)
         return {"tasks": tasks}
 
@@ -342,11 +342,6 @@ def passthrough_meta(ctx: ServerRequestContext[Any]) -> dict[str, Any]:
         if key != "progressToken" and (not key.startswith(_RESERVED_META_PREFIX) or key in _KEPT_RESERVED_META)
     }
     return {"_meta": meta} if meta else {}
-
-
-def _is_caller(creator: Any, ctx: ServerRequestContext[Any]) -> bool:
-    """True if `creator` (the client that created a task) is the client making this request."""
-    return creator is not None and creator is client_connection(ctx.session)
 
 
 def _listed(server: str, entry: ResourceEntry | ResourceTemplateEntry) -> dict[str, Any]:

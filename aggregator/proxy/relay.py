@@ -217,10 +217,8 @@ class Relay:
         meta = (params or {}).get("_meta")
         related = meta.get(RELATED_TASK) if isinstance(meta, Mapping) else None
         task_id = related.get("taskId") if isinstance(related, Mapping) else None
-        owner = self.tasks.owner(task_id) if isinstance(task_id, str) else None
-        if owner is None or owner[0] != upstream or not isinstance(owner[1], Connection):
-            return None
-        return owner[1]
+        creators = self.tasks.creators(task_id, upstream) if isinstance(task_id, str) else []
+        return creators[0] if len(creators) == 1 and isinstance(creators[0], Connection) else None
 
     def _configured_roots(self, upstream: str, method: str) -> dict[str, Any] | None:
         if method != "roots/list":
@@ -248,9 +246,11 @@ class Relay:
                 targets = subscribed
         elif method == "notifications/tasks/status":
             task_id = params.get("taskId")
-            owner = self.tasks.owner(task_id) if isinstance(task_id, str) else None
-            creator = owner[1] if owner is not None and owner[0] == upstream else None
-            targets = [creator] if creator is not None and (own is None or creator is own) else []
+            creators = self.tasks.creators(task_id, upstream) if isinstance(task_id, str) else []
+            if own is not None:  # on a client's own session: that client's task, if it is one
+                targets = [own] if any(c is own for c in creators) else []
+            else:  # on the shared session an id names one task: several creators cannot be told apart
+                targets = creators if len(creators) == 1 else []
         elif method == "notifications/elicitation/complete":
             target = self._elicitations.get((upstream, str(params.get("elicitationId"))))
             targets = [target] if target is not None and (own is None or target is own) else []

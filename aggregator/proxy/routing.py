@@ -38,6 +38,7 @@ log = get_logger(__name__)
 
 SEEN_URIS_MAX = 4096
 TASKS_MAX = 4096
+TASK_CREATORS_MAX = 8  # per task id: clients whose own sessions minted the same id
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -177,20 +178,41 @@ def result_uris(result: Any) -> Iterable[str]:
 
 
 class TaskRouter:
-    """Task id → (upstream, who created it); filled from task-creating results."""
+    """Task id → the upstreams and clients that created a task of that id; filled from task-creating results.
+
+    Ids are only unique per upstream session: with sessions per client (docs/isolation.md) two
+    clients of one upstream may each get a task `1`. So a client's request for a task is resolved
+    with that client (`server_for`), and an upstream's message about a task with that upstream
+    (`creators`): one client's task id never names another's.
+    """
 
     def __init__(self) -> None:
-        self._owners: BoundedMap[str, tuple[str, Any]] = BoundedMap(TASKS_MAX)
+        self._owners: BoundedMap[str, tuple[tuple[str, Any], ...]] = BoundedMap(TASKS_MAX)
 
     def remember(self, server: str, result: Any, creator: Any = None) -> None:
         task = result.get("task") if isinstance(result, Mapping) else None
         task_id = task.get("taskId") if isinstance(task, Mapping) else None
         if isinstance(task_id, str):
-            self._owners.put(task_id, (server, creator))
+            self._add(task_id, server, creator)
 
     def remember_id(self, server: str, task_id: str, creator: Any = None) -> None:
         if self._owners.get(task_id) is None:
-            self._owners.put(task_id, (server, creator))
+            self._add(task_id, server, creator)
+
+    def _add(self, task_id: str, server: str, creator: Any) -> None:
+        kept = [(s, c) for s, c in self._owners.get(task_id) or () if not (s == server and c is creator)]
+        self._owners.put(task_id, (*kept[-(TASK_CREATORS_MAX - 1) :], (server, creator)))
 
     def owner(self, task_id: str) -> tuple[str, Any] | None:
-        return self._owners.get(task_id)
+        """The latest (upstream, creator) of a task with this id."""
+        entries = self._owners.get(task_id)
+        return entries[-1] if entries else None
+
+    def server_for(self, task_id: str, creator: Any) -> str | None:
+        """The upstream running the task `task_id` that `creator` created (None: not one of its tasks)."""
+        found = [s for s, c in self._owners.get(task_id) or () if c is not None and c is creator]
+        return found[-1] if found else None
+
+    def creators(self, task_id: str, server: str) -> list[Any]:
+        """The clients that created a task `task_id` on `server`."""
+        return [c for s, c in self._owners.get(task_id) or () if s == server and c is not None]

@@ -271,25 +271,17 @@ class TextSearchTools:
 
 
 _CREATE_DESCRIPTION = (
-    "Create a new named full-text search index for notes, snippets or documents. "
-    'backend "memory" (default) lives until the aggregator stops; "sqlite" is stored on disk and '
-    "survives restarts. The tokenizer splits text into runs of letters, digits and underscores, "
-    "lower-cases them (lowercase, default true) and drops tokens shorter than min_length (default 2). "
-    'An index named "default" (memory) always exists, so creating one is optional. '
-    'Returns {status: "created", index_name, backend, tokenizer_config}.'
+    'Create a named full-text index for notes or documents: backend "memory" (default, gone when the '
+    'aggregator stops) or "sqlite" (kept on disk). Optional: the in-memory index "default" always exists.'
 )
 _ADD_DESCRIPTION = (
-    'Add a document to a search index, or replace it if doc_id already exists (status "re-indexed"; '
-    "adding the same content twice leaves the index as adding it once). "
+    'Add a document to an index (default "default"); a doc_id already there is replaced. '
     'Returns {status: "indexed"|"re-indexed", doc_id, token_count}.'
 )
 _SEARCH_DESCRIPTION = (
-    "Search a full-text index, ranked by TF-IDF. Query syntax: bare words are optional (at least one "
-    'must match), +word is required, -word excludes documents, "a phrase" must appear as consecutive '
-    'words (-"a phrase" excludes it). '
-    "Returns {results: [{doc_id, score, highlights (up to 3 snippets), metadata}], total_matches "
-    "(all matching documents, before k), query_parsed: {terms, must, must_not, phrases}}; "
-    "truncated: true when results were cut to fit the result size limit."
+    "Search an index, ranked by TF-IDF: bare words are optional (one must match), +word required, "
+    '-word excluded, "a phrase" must appear as consecutive words. Returns results {doc_id, score, '
+    "highlights, metadata}, total_matches (before k), query_parsed; truncated when cut to the size limit."
 )
 
 _CREATE_SCHEMA: dict[str, Any] = {

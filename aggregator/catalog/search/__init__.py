@@ -6,7 +6,7 @@ token), `query` (stop words and the lexicon), `index` (postings and a query
 token's value per document), `retrieval` (top k) and `explain`.
 """
 
-from aggregator.catalog.search.documents import annotation_tokens
+from aggregator.catalog.search.documents import MAX_INDEXED_CHARS, annotation_tokens
 from aggregator.catalog.search.explain import Match
 from aggregator.catalog.search.index import Hit, ServerHit, ToolSearchIndex
 from aggregator.catalog.search.scoring import DEFAULT_PARAMS, FIELDS, RankingParams
@@ -14,6 +14,7 @@ from aggregator.catalog.search.scoring import DEFAULT_PARAMS, FIELDS, RankingPar
 __all__ = [
     "DEFAULT_PARAMS",
     "FIELDS",
+    "MAX_INDEXED_CHARS",
     "Hit",
     "Match",
     "RankingParams",

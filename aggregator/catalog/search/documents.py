@@ -14,6 +14,8 @@ from typing import Any
 from aggregator.catalog.model import ToolEntry
 from aggregator.catalog.search.tokens import identifier, tokenize
 
+MAX_INDEXED_CHARS = 16_384  # of one description or parameter text: a 1 MB one would block the loop on load
+
 
 def tool_fields(entry: ToolEntry) -> dict[str, list[str]]:
     """The tokens of a tool's own fields."""
@@ -21,7 +23,7 @@ def tool_fields(entry: ToolEntry) -> dict[str, list[str]]:
         "name": (name := tokenize(entry.name)),
         "identifier": [] if (whole := identifier(name)) is None else [whole],
         "title": tokenize(entry.title),
-        "description": tokenize(entry.description),
+        "description": tokenize(entry.description[:MAX_INDEXED_CHARS]),
         "params": tokens_of(param_texts(entry.input_schema)),
         "annotations": annotation_tokens(entry.annotations),
     }
@@ -63,7 +65,7 @@ def annotation_tokens(annotations: Mapping[str, Any] | None) -> list[str]:
 
 
 def tokens_of(texts: Iterable[str]) -> list[str]:
-    return [token for text in texts for token in tokenize(text)]
+    return [token for text in texts for token in tokenize(text[:MAX_INDEXED_CHARS])]
 
 
 def param_texts(schema: Mapping[str, Any]) -> list[str]:
