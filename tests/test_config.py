@@ -660,7 +660,7 @@ def test_example_config_parses() -> None:
 
 def test_example_config_without_docs_token_serves_the_others() -> None:
     config = load_config(ROOT / "config" / "example.yaml", environ={"HOME": "/h"}, cwd=ROOT)
-    assert set(config.upstreams) == {"files", "git", "legacy"}
+    assert set(config.upstreams) == {"files", "git", "tracker", "legacy"}
     assert list(config.broken) == ["docs"]
     assert config.broken["docs"].startswith("upstreams.docs.headers.Authorization: ")
     assert "DOCS_TOKEN is not set" in config.broken["docs"] and "Fix: " in config.broken["docs"]

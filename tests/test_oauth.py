@@ -187,7 +187,7 @@ def test_doctor_says_which_upstream_needs_sign_in(
     assert "note    upstream remote: found (not probed); not signed in" not in out  # auth unset: not known yet
     login(capsys, setup, monkeypatch)
     _, out, _ = run(capsys, setup, "doctor")
-    assert "ok      upstream remote: ready, 1 tools" in out
+    assert "ok      upstream remote: ready, 1 tool" in out
     _, out, _ = run(capsys, setup, "doctor", "--no-probe")
     assert "ok      upstream remote: found (not probed); signed in" in out
     assert tokens(setup)["access_token"] not in out
