@@ -33,9 +33,9 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from aggregator.cli import _command_index
 from aggregator.cli.service import query_status
-from aggregator.connect import parse_args
-from aggregator.connect_relay import SLOW, _lines, _service_head
-from aggregator.runtime import connect_target, private_dir, read_pid_file, service_files, service_running
+from aggregator.downstream.connect import parse_args
+from aggregator.downstream.connect_relay import SLOW, _lines, _service_head
+from aggregator.downstream.runtime import connect_target, private_dir, read_pid_file, service_files, service_running
 from aggregator.upstream.guard import descendants
 from tests.conftest import aggregator_env, alive, kit_upstream, structured, write_config
 from tests.test_cli import run_cli

@@ -1,7 +1,7 @@
 """The command line: `main` parses and dispatches; one module per group of subcommands.
 
 `aggregator connect` is dispatched here, before the CLI (and with it the SDK) is imported:
-a client pays for the standard library only (`aggregator.connect`).
+a client pays for the standard library only (`aggregator.downstream.connect`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     at = _command_index(words)
     if at is not None and words[at] == "connect":
-        from aggregator.connect import main as connect_main
+        from aggregator.downstream.connect import main as connect_main
 
         return connect_main(words[:at] + words[at + 1 :])
     from aggregator.startup import settled_imports

@@ -1,7 +1,7 @@
 """The per-user service: `aggregator serve --transport socket`, `aggregator service status|stop|logs`, and
 the `connect` entry in the help (`aggregator connect` itself is dispatched before this is imported).
 
-One service runs per user and config (`aggregator.runtime`): the first `connect` starts it
+One service runs per user and config (`aggregator.downstream.runtime`): the first `connect` starts it
 detached; it holds its pid file locked while it lives (so exactly one runs, and a SIGKILL
 frees the place at once), serves every attached client as its own MCP session over the
 Unix socket (`downstream/unix.py`) with one shared upstream pool behind them, answers
@@ -25,9 +25,7 @@ from typing import Any, Literal
 
 import anyio
 
-from aggregator.downstream.stdio import StdioLimits
-from aggregator.log import get_logger
-from aggregator.runtime import (
+from aggregator.downstream.runtime import (
     RUNTIME_DIR_ENV,
     ServiceFiles,
     connect_target,
@@ -37,6 +35,8 @@ from aggregator.runtime import (
     service_running,
     try_connect,
 )
+from aggregator.downstream.stdio import StdioLimits
+from aggregator.log import get_logger
 from aggregator.settings import Settings
 
 __all__ = ["Claim", "claim_service", "register", "run_service"]
@@ -80,7 +80,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 async def _connect(args: argparse.Namespace, settings: Settings) -> int:  # pragma: no cover - dispatched earlier
-    from aggregator.connect import main as connect_main
+    from aggregator.downstream.connect import main as connect_main
 
     argv = [f"--{key.replace('_', '-')}={value}" for key, value in vars(args).items() if key in ("config", "data_dir")]
     return connect_main(argv)

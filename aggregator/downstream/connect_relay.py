@@ -1,5 +1,5 @@
 """`aggregator connect --relay`: the client's messages carried to and from the service, and what survives
-the service going away (see `aggregator.connect`, which imports this only for `--relay`).
+the service going away (see `aggregator.downstream.connect`, which imports this only for `--relay`).
 
 One thread per direction, so a full pipe one way never stalls the other (the service stops
 reading when its in-flight bound is reached and waits for us to take its answers). EOF passes
@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from aggregator.connect import READ_CHUNK, START_TIMEOUT, ConnectError, _recv, _say
+from aggregator.downstream.connect import READ_CHUNK, START_TIMEOUT, ConnectError, _recv, _say
 
 DRAIN_TIMEOUT = 60.0  # after the client's EOF, for the service to answer what is left and close
 SERVICE_GONE = -32000

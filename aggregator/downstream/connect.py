@@ -1,7 +1,7 @@
 """`aggregator connect`: a client's stdio handed to the per-user aggregator service.
 
 What an MCP client runs instead of `aggregator serve`. It attaches to the service for
-this user and config (`aggregator.runtime`), starting it detached when none runs (a lock
+this user and config (`aggregator.downstream.runtime`), starting it detached when none runs (a lock
 file makes two racing `connect`s start exactly one). Standard library only, no SDK
 import: it starts in a few milliseconds more than Python itself and holds a few MB.
 
@@ -10,7 +10,7 @@ By default it then hands its own stdin and stdout to the service over the Unix s
 nothing more than with `serve`, and `connect` only waits. When the session ends (the
 client's EOF, answered and drained; or the service stopping or dying) the service closes
 the socket and `connect` exits, so the client sees its server end cleanly. With
-`--relay` it carries the messages instead (`aggregator.connect_relay`), and the session
+`--relay` it carries the messages instead (`aggregator.downstream.connect_relay`), and the session
 survives a restart of the service.
 """
 
@@ -23,7 +23,14 @@ import sys
 import time
 from collections.abc import Sequence
 
-from aggregator.runtime import ServiceFiles, connect_target, private_dir, service_files, service_running, try_connect
+from aggregator.downstream.runtime import (
+    ServiceFiles,
+    connect_target,
+    private_dir,
+    service_files,
+    service_running,
+    try_connect,
+)
 
 READ_CHUNK = 1 << 16
 START_TIMEOUT = 30.0  # seconds for a new service to accept: importing the SDK and reading the config
@@ -91,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(str(exc))
         return 1
     if "relay" in args:
-        from aggregator.connect_relay import Bridge
+        from aggregator.downstream.connect_relay import Bridge
 
         return Bridge(opener.open, first).run()
     return hand_off(first, files)
