@@ -104,6 +104,15 @@ def test_words_a_request_hinges_on_are_not_stop_words() -> None:
     assert terms["latest"].weight == 1.0 and terms["the"].weight == 0.1
 
 
+def test_numbers_weigh_less_than_words() -> None:
+    """A date or an amount in a side clause ("Today is 2023-03-17.") is rarely what the request is about."""
+    terms = {
+        t.token: t for t in query_terms(tokenize("Today is 2023-03-17. Book a flight"), 0.1, 0.3, number_weight=0.7)
+    }
+    assert terms["2023"].weight == terms["17"].weight == 0.7 and terms["book"].weight == 1.0
+    assert DEFAULT_PARAMS.number < 1.0
+
+
 def test_names_in_a_request_lend_no_lexicon_words() -> None:
     """ "Del" in "Lana Del Rey" is a name, not "delete"; "del" written as a command still is."""
     query = "play songs by Lana Del Rey"

@@ -311,7 +311,15 @@ class ToolSearchIndex:
         present = self._present
         tokens = tokenize(query) + identifiers(query)
         return query_terms(
-            tokens, p.stop_word, p.expansion, p.expansion_absent, present, names(query), related_weight=p.related
+            tokens,
+            p.stop_word,
+            p.expansion,
+            p.expansion_absent,
+            present,
+            names(query),
+            related_weight=p.related,
+            number_weight=p.number,
+            related_absent=p.related_absent,
         )
 
     def _present(self, token: str) -> bool:

@@ -100,6 +100,8 @@ def query_terms(
     present: Callable[[str], bool] | None = None,
     names: frozenset[str] = frozenset(),
     related_weight: float = 0.0,
+    number_weight: float = 1.0,
+    related_absent: float | None = None,
 ) -> list[QueryTerm]:
     """The distinct tokens to search for `tokens`, sorted, each with its highest weight.
 
@@ -121,19 +123,21 @@ def query_terms(
             best[term.token] = term
 
     for token, origin in literal.items():
-        offer(QueryTerm(token, stop_weight if origin == STOP and not all_stop else 1.0, origin, token))
+        weight = stop_weight if origin == STOP and not all_stop else number_weight if token.isdigit() else 1.0
+        offer(QueryTerm(token, weight, origin, token))
     literal_stems = {stem(t) for t in literal}
     for token, origin in sorted(literal.items()):
         if origin != LITERAL:
             continue
-        weight = expansion_weight
-        if absent_weight is not None and present is not None and not present(token):
-            weight = absent_weight
+        weight, related = expansion_weight, related_weight
+        if present is not None and not present(token):
+            weight = absent_weight if absent_weight is not None else weight
+            related = related_absent if related_absent is not None else related
         for added in lex.expansions.get(stem(token), ()):
             if stem(added) not in literal_stems and added not in lex.stop_words:
                 offer(QueryTerm(added, weight, f"lexicon: {token}", token))
-        if related_weight > 0:
+        if related > 0:
             for added, similarity in related_terms().get(token, ()):
                 if stem(added) not in literal_stems and added not in lex.stop_words:
-                    offer(QueryTerm(added, related_weight * similarity, f"related: {token}", token))
+                    offer(QueryTerm(added, related * similarity, f"related: {token}", token))
     return [best[t] for t in sorted(best)]

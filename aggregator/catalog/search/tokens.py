@@ -123,4 +123,3 @@ def names(text: str | None) -> frozenset[str]:
         if before and before[-1] not in _SENTENCE_START:
             found.update(tokenize(match.group()))
     return frozenset(found)
-
