@@ -82,6 +82,14 @@ EVERYDAY = [
     ("echo what I say", {"everything/echo"}),
     ("look up a node in the knowledge graph", {"memory/search_nodes", "memory/open_nodes"}),
     ("read a text file", {"filesystem/read_text_file", "filesystem/read_file"}),
+    # words the generic stop list drops, which a request hinges on
+    ("show me the newest entries of the log", {"git/git_log"}),
+    ("turn on verbose logging", {"everything/toggle-simulated-logging"}),
+    # a side clause with a date does not decide the ranking
+    ("Today is 2024-05-01. Commit my staged changes", {"git/git_commit"}),
+    # a name in the request is not tool vocabulary ("Del" is not delete)
+    ("remember that Lana Del Rey released a new album", {"memory/create_entities", "memory/add_observations"}),
+    ("note that Mark Del Toro joined the team", {"memory/add_observations", "memory/create_entities"}),
 ]
 
 
@@ -90,6 +98,14 @@ def test_everyday_requests_find_the_right_tool_in_the_top_3(query: str, expected
     index, _ = build(REAL.values())
     top = [f"{server}/{tool}" for server, tool in ranked(index, query, 3)]
     assert expected & set(top), top
+
+
+def test_a_name_in_the_request_does_not_pull_in_tools_its_letters_spell() -> None:
+    index, _ = build(REAL.values())
+    top = [tool for _, tool in ranked(index, "remember that Lana Del Rey released a new album", 3)]
+    assert not [tool for tool in top if tool.startswith("delete")], top
+    terms = {t.token: t.origin for t in index.query_terms("remember that Lana Del Rey released a new album")}
+    assert terms["del"] == "name" and "delete" not in terms
 
 
 def test_explain_adds_up_to_the_score() -> None:

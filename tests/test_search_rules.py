@@ -12,7 +12,7 @@ import pytest
 from aggregator.catalog.model import Catalog, clean_tool, sorted_unique
 from aggregator.catalog.search import DEFAULT_PARAMS, ToolSearchIndex, annotation_tokens
 from aggregator.catalog.search.query import lexicon, query_terms
-from aggregator.catalog.search.tokens import identifiers, is_cjk, stem, tokenize
+from aggregator.catalog.search.tokens import identifiers, is_cjk, names, stem, tokenize
 from aggregator.catalog.store import CatalogStore
 
 
@@ -94,6 +94,38 @@ def test_stop_words_weigh_less_and_lexicon_words_are_not_stop_words() -> None:
     only_stop = query_terms(tokenize("about"), 0.1, 0.3)
     assert [(t.token, t.weight) for t in only_stop] == [("about", 1.0)]  # nothing else to search for
     assert "the" in lexicon().stop_words and "open" not in lexicon().stop_words
+
+
+def test_words_a_request_hinges_on_are_not_stop_words() -> None:
+    """The generic stop list is made for prose: "the latest", "top 10", "turn on the tv" need those words."""
+    for word in ("latest", "newest", "top", "first", "name", "tv", "turn", "recent", "oldest"):
+        assert word not in lexicon().stop_words, word
+    terms = {t.token: t for t in query_terms(tokenize("show the latest news"), 0.1, 0.3)}
+    assert terms["latest"].weight == 1.0 and terms["the"].weight == 0.1
+
+
+def test_numbers_weigh_less_than_words() -> None:
+    """A date or an amount in a side clause ("Today is 2023-03-17.") is rarely what the request is about."""
+    terms = {
+        t.token: t for t in query_terms(tokenize("Today is 2023-03-17. Book a flight"), 0.1, 0.3, number_weight=0.7)
+    }
+    assert terms["2023"].weight == terms["17"].weight == 0.7 and terms["book"].weight == 1.0
+    assert DEFAULT_PARAMS.number < 1.0
+
+
+def test_names_in_a_request_lend_no_lexicon_words() -> None:
+    """ "Del" in "Lana Del Rey" is a name, not "delete"; "del" written as a command still is."""
+    query = "play songs by Lana Del Rey"
+    assert names(query) == {"lana", "del", "rey"}
+    named = {t.token: t for t in query_terms(tokenize(query), 0.1, 0.3, names=names(query))}
+    assert not named.keys() & {"delete", "remove", "erase"}
+    assert named["del"].weight == 1.0 and not named["del"].partial  # whole words only: not "delete" either
+    command = {t.token for t in query_terms(tokenize("del old files"), 0.1, 0.3, names=names("del old files"))}
+    assert "delete" in command
+    assert names("Show me a picture. Delete it") == set()  # first words of sentences
+    assert names("Find Hotels In Paris") == set()  # every word capitalised: a title, not names
+    assert names("convert PDF to text") == set()  # an acronym is not a name
+    assert names("") == set() and names(None) == set()
 
 
 def test_lexicon_expansion_never_outweighs_the_literal_word() -> None:

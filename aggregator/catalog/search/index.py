@@ -48,7 +48,7 @@ from aggregator.catalog.search.scoring import (
     field_frequencies,
     idf,
 )
-from aggregator.catalog.search.tokens import identifiers, tokenize
+from aggregator.catalog.search.tokens import identifiers, names, tokenize
 from aggregator.catalog.search.vocabulary import Tiers, Vocabulary
 from aggregator.catalog.store import CatalogStore
 
@@ -309,7 +309,18 @@ class ToolSearchIndex:
         """The weighted terms `query` searches for (its words, stop words, lexicon additions), sorted."""
         p = self._p
         present = self._present
-        return query_terms(tokenize(query) + identifiers(query), p.stop_word, p.expansion, p.expansion_absent, present)
+        tokens = tokenize(query) + identifiers(query)
+        return query_terms(
+            tokens,
+            p.stop_word,
+            p.expansion,
+            p.expansion_absent,
+            present,
+            names(query),
+            related_weight=p.related,
+            number_weight=p.number,
+            related_absent=p.related_absent,
+        )
 
     def _present(self, token: str) -> bool:
         return self._token_stats(token).weight > 0

@@ -36,6 +36,7 @@ from aggregator.catalog.search.tokens import is_identifier, stem, tokenize
 
 LITERAL = "query"
 STOP = "stop word"
+NAME = "name"  # a word the query writes as a name: matched whole, lends no lexicon words
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +45,23 @@ class QueryTerm:
 
     token: str
     weight: float
-    origin: str  # LITERAL, STOP, or "lexicon: <query word>"
+    origin: str  # LITERAL, STOP, NAME, "lexicon: <query word>" or "related: <query word>"
     word: str  # the query word it stands for: itself, or the word whose lexicon entry added it
 
     @property
     def partial(self) -> bool:
         """Whether the token may match longer words (prefix, substring tiers)."""
         return self.origin == LITERAL and not is_identifier(self.token)
+
+
+@cache
+def related_terms() -> dict[str, tuple[tuple[str, float], ...]]:
+    """The shipped table of related words (`data/related_terms.json`), loaded once: word → (word, similarity)."""
+    path = resources.files("aggregator.catalog").joinpath("data/related_terms.json")
+    if not path.is_file():
+        return {}
+    raw = json.loads(path.read_text("utf-8"))["related"]
+    return {word: tuple((term, float(sim)) for term, sim in pairs) for word, pairs in raw.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +87,8 @@ def lexicon() -> Lexicon:
             adds.setdefault(stem(tokens[0]), set()).update(t for phrase in phrases for t in tokenize(phrase))
     expansions = {key: tuple(sorted(value)) for key, value in adds.items()}
     known = set(expansions) | {stem(t) for value in expansions.values() for t in value}
-    stop = frozenset(w for w in get_stop_words("english") if w.isalpha() and stem(w) not in known)
+    content = set(raw["content_words"])
+    stop = frozenset(w for w in get_stop_words("english") if w.isalpha() and stem(w) not in known and w not in content)
     return Lexicon(expansions, stop)
 
 
@@ -86,6 +98,10 @@ def query_terms(
     expansion_weight: float,
     absent_weight: float | None = None,
     present: Callable[[str], bool] | None = None,
+    names: frozenset[str] = frozenset(),
+    related_weight: float = 0.0,
+    number_weight: float = 1.0,
+    related_absent: float | None = None,
 ) -> list[QueryTerm]:
     """The distinct tokens to search for `tokens`, sorted, each with its highest weight.
 
@@ -93,10 +109,12 @@ def query_terms(
     "about" still searches for "about"). A query word that the catalog does not
     hold at all (`present` says no) lends its lexicon words `absent_weight`
     instead of `expansion_weight`: they stand in for it ("picture" in a catalog
-    that only says "image").
+    that only says "image"). A word in `names` (the query writes it as a name:
+    "Del" in "songs by Lana Del Rey") matches whole words only and lends no
+    lexicon words: it is not "delete".
     """
     lex = lexicon()
-    literal = {t: (LITERAL if t not in lex.stop_words else STOP) for t in tokens}
+    literal = {t: (STOP if t in lex.stop_words else NAME if t in names else LITERAL) for t in tokens}
     all_stop = all(origin == STOP for origin in literal.values())
     best: dict[str, QueryTerm] = {}
 
@@ -105,15 +123,21 @@ def query_terms(
             best[term.token] = term
 
     for token, origin in literal.items():
-        offer(QueryTerm(token, stop_weight if origin == STOP and not all_stop else 1.0, origin, token))
+        weight = stop_weight if origin == STOP and not all_stop else number_weight if token.isdigit() else 1.0
+        offer(QueryTerm(token, weight, origin, token))
     literal_stems = {stem(t) for t in literal}
     for token, origin in sorted(literal.items()):
-        if origin == STOP:
+        if origin != LITERAL:
             continue
-        weight = expansion_weight
-        if absent_weight is not None and present is not None and not present(token):
-            weight = absent_weight
+        weight, related = expansion_weight, related_weight
+        if present is not None and not present(token):
+            weight = absent_weight if absent_weight is not None else weight
+            related = related_absent if related_absent is not None else related
         for added in lex.expansions.get(stem(token), ()):
             if stem(added) not in literal_stems and added not in lex.stop_words:
                 offer(QueryTerm(added, weight, f"lexicon: {token}", token))
+        if related > 0:
+            for added, similarity in related_terms().get(token, ()):
+                if stem(added) not in literal_stems and added not in lex.stop_words:
+                    offer(QueryTerm(added, related * similarity, f"related: {token}", token))
     return [best[t] for t in sorted(best)]

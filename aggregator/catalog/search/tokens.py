@@ -102,3 +102,24 @@ def stem(token: str) -> str:
     if len(token) <= 3 or not token.isascii() or not token.isalpha():
         return token
     return str(_STEMMER.stemWord(token))
+
+
+_WORD = re.compile(r"[^\W_]+")
+_SENTENCE_START = frozenset('.!?:;"(')
+
+
+def names(text: str | None) -> frozenset[str]:
+    """Tokens of the words `text` writes as names: capitalised ("Rey", not "REY" nor "rey") and not
+    the first word of a sentence. None when every word is capitalised (a title, not a request)."""
+    if not text:
+        return frozenset()
+    words = list(_WORD.finditer(text))
+    capitalised = [m for m in words if m.group()[0].isupper() and m.group()[1:].islower()]
+    if len(capitalised) == len(words):
+        return frozenset()
+    found: set[str] = set()
+    for match in capitalised:
+        before = text[: match.start()].rstrip()
+        if before and before[-1] not in _SENTENCE_START:
+            found.update(tokenize(match.group()))
+    return frozenset(found)
