@@ -19,7 +19,9 @@ from aggregator.config import AggregatorConfig, UpstreamConfig
 from aggregator.log import redact_text
 from aggregator.settings import Settings, resolve_data_dir
 from aggregator.table import render_table
-from aggregator.upstream.auth import CALLBACK_TIMEOUT_SECONDS, Authenticator, TokenStore, uses_oauth
+from aggregator.upstream.auth import Authenticator, uses_oauth
+from aggregator.upstream.oauth_signin import CALLBACK_TIMEOUT_SECONDS
+from aggregator.upstream.oauth_tokens import TokenStore
 from aggregator.upstream.pool import UpstreamPool
 
 __all__ = ["register", "sign_in_state"]

@@ -31,7 +31,7 @@ from aggregator.config.launcher import missing_command
 from aggregator.config.load import load_config, written_servers
 from aggregator.settings import Settings, resolve_data_dir
 from aggregator.table import count
-from aggregator.upstream.auth import login_command
+from aggregator.upstream.oauth_signin import login_command
 
 __all__ = ["register"]
 
@@ -160,7 +160,8 @@ def _strings(value: Any) -> Iterator[str]:
 async def check_upstreams(
     config: AggregatorConfig, findings: list[Finding], *, probe: bool, data_dir: Path | None = None
 ) -> None:
-    from aggregator.upstream.auth import Authenticator, TokenStore
+    from aggregator.upstream.auth import Authenticator
+    from aggregator.upstream.oauth_tokens import TokenStore
     from aggregator.upstream.pool import UpstreamPool
 
     store = TokenStore.in_data_dir(data_dir) if data_dir is not None else TokenStore(None)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from mcp.shared.exceptions import MCPError
 
 from aggregator.config import UpstreamConfig
-from aggregator.upstream.auth import describe_auth_error
+from aggregator.upstream.oauth_signin import describe_auth_error
 
 
 def describe_start_error(exc: BaseException, config: UpstreamConfig) -> str:
