@@ -348,7 +348,7 @@ async def test_while_serving_a_needed_sign_in_fails_at_once_and_a_login_elsewher
 
 async def test_a_sign_in_refused_while_serving_remembers_its_scopes_for_the_next_login() -> None:
     from aggregator.config import UpstreamConfig
-    from aggregator.upstream.auth import Authenticator
+    from aggregator.upstream.oauth_providers import Authenticator
     from aggregator.upstream.oauth_signin import SignInRequired
     from aggregator.upstream.oauth_tokens import TokenStore
 

@@ -290,7 +290,7 @@ def _backend_options() -> dict[str, Any]:
 
 
 async def _list_upstreams(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    from aggregator.upstream.auth import cli_authenticator
+    from aggregator.upstream.oauth_providers import cli_authenticator
     from aggregator.upstream.pool import UpstreamPool
 
     data_dir = _data_dir(args, settings)

@@ -36,9 +36,9 @@ from aggregator.config import UpstreamConfig
 from aggregator.faults import Fault
 from aggregator.log import get_logger, redact_text
 from aggregator.sdk import ProgressFn, raw_notify, raw_request
-from aggregator.upstream.auth import Authenticator
 from aggregator.upstream.catalog_listing import catalog_contents, list_catalog
 from aggregator.upstream.client_sessions import ClientSessions
+from aggregator.upstream.oauth_providers import Authenticator
 from aggregator.upstream.oauth_signin import SignInRequired
 from aggregator.upstream.session import Downstream, NoDownstream, UpstreamSession, Via, offered_names
 from aggregator.upstream.start_errors import describe_start_error, leaf_exceptions

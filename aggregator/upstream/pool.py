@@ -33,8 +33,8 @@ from aggregator.faults import Fault
 from aggregator.log import get_logger, register_secrets
 from aggregator.sdk import ProgressFn
 from aggregator.suggest import closest
-from aggregator.upstream.auth import Authenticator
 from aggregator.upstream.connection import State, UpstreamConnection
+from aggregator.upstream.oauth_providers import Authenticator
 from aggregator.upstream.oauth_tokens import TokenStore
 from aggregator.upstream.session import Downstream, NoDownstream, offered_names
 
