@@ -15,11 +15,11 @@ from aggregator.catalog.model import SUMMARY_CHARS, clean_tool, summarize
 from aggregator.catalog.search import MAX_INDEXED_CHARS
 from aggregator.catalog.search.documents import tool_fields
 from aggregator.catalog.search.tokens import identifiers, tokenize
+from aggregator.config.config_file import read_text
 from aggregator.config.errors import ConfigError
-from aggregator.config.files import read_text
 from aggregator.textindex.highlight import RADIUS, make_highlights
 from aggregator.textindex.memory import MemoryIndex
-from aggregator.textindex.query import parse_query
+from aggregator.textindex.query_parser import parse_query
 from aggregator.textindex.sqlite import SqliteIndex
 from aggregator.textindex.tokenizer import TokenizerConfig
 from aggregator.tools.catalog_search import MAX_QUERY_CHARS

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from aggregator.config import load_config, user_config_file
-from aggregator.config.editing import STARTER
+from aggregator.config.yaml_edits import STARTER
 from tests.conftest import EXAMPLES, aggregator_env, run_main
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from aggregator.examples.testkit import CORE_NAMES
 
-from aggregator.config.files import config_lookup, user_config_file
+from aggregator.config.config_file import config_lookup, user_config_file
 from tests.conftest import aggregator_env, kit_upstream, write_config
 from tests.test_cli import run_cli
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from aggregator.config import load_config
-from aggregator.config.clients import ClientFile, ClientServers, Places, client_files, read_client_file
+from aggregator.config.client_files import ClientFile, ClientServers, Places, client_files, read_client_file
 from aggregator.config.importing import plan_import, translate
 from tests.conftest import aggregator_env
 from tests.test_cli import run_cli

@@ -281,7 +281,7 @@ async def _sign_in_through(garbage: list[bytes]) -> Any:
     """Start a sign-in's listener, send it `garbage` on connections of their own, then the real redirect."""
     import anyio
 
-    from aggregator.upstream.auth import BrowserStep
+    from aggregator.upstream.oauth_signin import BrowserStep
 
     step = BrowserStep("x", free_port(), interactive=True, browser="true")  # a browser that opens nothing
     await step.redirect("http://127.0.0.1:1/authorize")
@@ -348,7 +348,9 @@ async def test_while_serving_a_needed_sign_in_fails_at_once_and_a_login_elsewher
 
 async def test_a_sign_in_refused_while_serving_remembers_its_scopes_for_the_next_login() -> None:
     from aggregator.config import UpstreamConfig
-    from aggregator.upstream.auth import Authenticator, SignInRequired, TokenStore
+    from aggregator.upstream.oauth_providers import Authenticator
+    from aggregator.upstream.oauth_signin import SignInRequired
+    from aggregator.upstream.oauth_tokens import TokenStore
 
     store = TokenStore(None)
     config = UpstreamConfig(name="r", transport="http", url="http://127.0.0.1:1/mcp", scopes=["read"])

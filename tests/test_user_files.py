@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from aggregator.cli import clients as commands
 from aggregator.config import load_config
-from aggregator.config.clients import ClientFile, Places, parse_document, read_client_file
+from aggregator.config.client_files import ClientFile, Places, parse_document, read_client_file
 from aggregator.config.errors import ConfigError
 from aggregator.config.roundtrip import FileChanged, write_atomic
 from aggregator.config.yamlfile import parse_yaml

@@ -1,6 +1,6 @@
 """`aggregator auth login NAME`, `auth status`, `auth logout NAME`: OAuth sign-in for remote upstreams.
 
-`login` runs the upstream's OAuth flow (upstream/auth.py) with a browser step: the authorization
+`login` runs the upstream's OAuth flow (upstream/oauth_providers.py) with a browser step: the authorization
 URL is printed to stderr, opened in the desktop browser when there is one, or handed to the
 command in `AGGREGATOR_BROWSER`; the redirect comes back to a listener on 127.0.0.1. Tokens go
 to the data dir's token store (0600), never to stdout or a log. `status` shows who is signed in,
@@ -19,7 +19,9 @@ from aggregator.config import AggregatorConfig, UpstreamConfig
 from aggregator.log import redact_text
 from aggregator.settings import Settings, resolve_data_dir
 from aggregator.table import render_table
-from aggregator.upstream.auth import CALLBACK_TIMEOUT_SECONDS, Authenticator, TokenStore, uses_oauth
+from aggregator.upstream.oauth_providers import Authenticator, uses_oauth
+from aggregator.upstream.oauth_signin import CALLBACK_TIMEOUT_SECONDS
+from aggregator.upstream.oauth_tokens import TokenStore
 from aggregator.upstream.pool import UpstreamPool
 
 __all__ = ["register", "sign_in_state"]

@@ -26,7 +26,7 @@ from aggregator.suggest import did_you_mean
 from aggregator.table import render_table
 from aggregator.tools.base import ToolContext, ToolResult, fault_result
 from aggregator.tools.catalog import LIST_LIMIT_MAX, CatalogTools
-from aggregator.upstream.auth import cli_authenticator
+from aggregator.upstream.oauth_providers import cli_authenticator
 from aggregator.upstream.pool import UpstreamPool
 
 __all__ = ["parse_call_arguments", "register"]

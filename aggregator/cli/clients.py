@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from aggregator.cli.progress import progress_line
 from aggregator.config import ConfigError, find_config_path, parse_config, user_config_file
-from aggregator.config.clients import (
+from aggregator.config.client_files import (
     CLIENTS,
     ClientFile,
     ClientServers,
@@ -30,7 +30,7 @@ from aggregator.config.clients import (
     parse_document,
     read_client_file,
 )
-from aggregator.config.files import decode_text, read_text
+from aggregator.config.config_file import decode_text, read_text
 from aggregator.config.importing import ImportPlan, everything_set, plan_import
 from aggregator.config.installing import (
     Backup,

@@ -1,6 +1,6 @@
-"""Command line: `aggregator serve`, `aggregator list-upstreams`, `aggregator search`, `aggregator refresh`,
-and the commands of its sibling modules (`calls`: tools, describe, call; `clients`: import, install, uninstall;
-`doctor`).
+"""Command line: the parser and the dispatch to the commands of the sibling modules (`serve`; `upstreams`:
+list-upstreams, search, refresh; `calls`: tools, describe, call; `clients`: import, install, uninstall;
+`doctor`; ...).
 
 Every command loads the config the same way (DESIGN §1); a broken config
 prints one line naming the file, the key and the fix, and exits with code 2.
@@ -10,31 +10,26 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
-import signal
 import sys
-import time
 import typing
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 
-from aggregator import __version__, sdk
-from aggregator.cli.progress import progress_line
+from aggregator import __version__
+from aggregator.cli.serve import serve
+from aggregator.cli.upstreams import list_upstreams, refresh, search
 from aggregator.config import AggregatorConfig, ConfigError, load_config
 from aggregator.faults import Fault
 from aggregator.log import configure_logging, get_logger, redact_text, register_secrets
 from aggregator.safetext import escaped_output
-from aggregator.settings import Settings, load_settings, resolve_data_dir
-from aggregator.startup import settled_imports
+from aggregator.settings import Settings, load_settings
 from aggregator.suggest import closest
-from aggregator.table import count, render_table
 
 log = get_logger(__name__)
 
@@ -191,10 +186,10 @@ def _dispatch(args: argparse.Namespace, *, real_process: bool) -> int:
     if settings.max_result_bytes is not None:
         config = config.model_copy(update={"max_result_bytes": settings.max_result_bytes})
     commands: dict[str, Callable[[argparse.Namespace, AggregatorConfig, Settings], Awaitable[int]]] = {
-        "serve": _serve,
-        "list-upstreams": _list_upstreams,
-        "search": _search,
-        "refresh": _refresh,
+        "serve": serve,
+        "list-upstreams": list_upstreams,
+        "search": search,
+        "refresh": refresh,
     }
     code = _run(getattr(args, "handler", None) or commands[args.command], args, config, settings)
     if args.command == "serve" and real_process:
@@ -285,311 +280,6 @@ def _backend_options() -> dict[str, Any]:
     except ImportError:
         return {}
     return {"use_uvloop": os.environ.get("AGGREGATOR_UVLOOP", "1") != "0"}
-
-
-# ---------------------------------------------------------------- serve
-
-
-async def _serve(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    from aggregator.cli import service
-
-    with settled_imports():  # the server's modules, frozen with the rest (issue 24: start-up)
-        from aggregator.proxy.server import AggregatorServer
-        from aggregator.upstream.pool import UpstreamPool
-    if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):  # as the server side does (proxy/server.py)
-        sdk.untraced_upstream_requests()
-
-    data_dir = resolve_data_dir(args.data_dir, settings)
-    token = settings.token.get_secret_value() if settings.token else None
-    sock = None
-    if args.transport == "http":  # uvicorn and starlette's app only when serving HTTP
-        from aggregator.downstream.http import (
-            HttpConfigError,
-            HttpLimits,
-            bind_socket,
-            build_app,
-            check_bind,
-            serve_http,
-        )
-
-        try:
-            check_bind(args.host, token)
-            sock = bind_socket(args.host, args.port)
-        except HttpConfigError as exc:
-            print(f"aggregator: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-    claim = service.claim_service(args, config.source) if args.transport == "socket" else None
-    if isinstance(claim, str):
-        print(f"aggregator: {claim}", file=sys.stderr)
-        return 0
-    if sock is not None:
-        print(_http_banner(sock, token), file=sys.stderr, flush=True)
-    log.info("starting", config=config.source, upstreams=len(config.upstreams), transport=args.transport)
-    serving = anyio.CancelScope()  # a signal ends the serving only: the pool then stops its upstreams in order
-    status = 0
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_stop_on_signal, serving)
-        watch = Path(config.source) if Path(config.source).is_file() else None  # not the built-in default
-        async with UpstreamPool.running(config, data_dir, watch=watch) as pool:
-            try:
-                server = AggregatorServer(
-                    pool,
-                    data_dir=data_dir,
-                    max_result_bytes=config.max_result_bytes,
-                    search_max_k=settings.search_max_k,
-                )
-            except ConfigError as exc:  # names two upstreams claim (known from their snapshots)
-                print(f"aggregator: config error: {exc}", file=sys.stderr)
-                status = EXIT_USAGE
-                tg.cancel_scope.cancel()
-                await anyio.lowlevel.checkpoint()  # the cancellation unwinds the pool and the task group
-            async with server.running():
-                with serving:
-                    if claim is not None:
-                        await service.run_service(server, claim, settings)
-                    elif sock is None:
-                        await _serve_stdio(server, settings)
-                    else:
-                        limits = HttpLimits(
-                            max_sessions=settings.http_max_sessions,
-                            max_sessions_per_client=settings.http_max_sessions_per_client,
-                            session_idle_seconds=settings.http_session_idle_seconds,
-                            header_timeout=settings.http_header_timeout,
-                            body_timeout=settings.http_body_timeout,
-                        )
-                        app = build_app(
-                            server,
-                            host=args.host,
-                            port=args.port,
-                            token=token,
-                            allowed_hosts=args.allow_host,
-                            limits=limits,
-                        )
-                        await serve_http(app, sock, limits=limits)
-        tg.cancel_scope.cancel()
-    return status
-
-
-def _http_banner(sock: Any, token: str | None) -> str:
-    """Where clients connect, and where the bearer token comes from (never the token itself)."""
-    host, port = sock.getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    auth = (
-        "clients send 'Authorization: Bearer <the value of AGGREGATOR_TOKEN>'"
-        if token
-        else "no token required (set AGGREGATOR_TOKEN to require one)"
-    )
-    return f"aggregator: serving MCP at http://{shown}:{port}/mcp; {auth}; Ctrl-C stops"
-
-
-async def _serve_stdio(server: Any, settings: Settings) -> None:
-    from aggregator.downstream.stdio import StdioLimits, stdio_streams
-
-    limits = StdioLimits(max_in_flight=settings.max_in_flight, drain_seconds=settings.drain_seconds)
-    async with stdio_streams(limits) as (read, write):
-        await server.lowlevel.run(read, write, server.lowlevel.create_initialization_options())
-
-
-async def _stop_on_signal(scope: anyio.CancelScope) -> None:
-    """SIGTERM/SIGINT end the serve loop; the pool then stops every upstream's process group."""
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            log.info("stopping on signal", signal=signal.Signals(signum).name)
-            scope.cancel()
-            return
-
-
-# ---------------------------------------------------------------- list-upstreams
-
-
-async def _list_upstreams(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    from aggregator.upstream.auth import cli_authenticator
-    from aggregator.upstream.pool import UpstreamPool
-
-    data_dir = _data_dir(args, settings)
-    async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
-        started = time.monotonic()
-        if args.probe:
-            with progress_line("probing upstreams", len(pool.upstream_names())) as advance:
-                await pool.start_all(on_done=advance)
-        rows = [_status_row(status) for status in pool.statuses()]
-        rows += [_broken_row(name, problem) for name, problem in config.broken.items()]
-        elapsed = time.monotonic() - started
-    if args.json:
-        print(json.dumps({"config": config.source, "upstreams": rows}, indent=2, ensure_ascii=False))
-    else:
-        print(f"config: {config.source}")
-        columns = ["name", "transport", "state", "tools", "catalog_age", "handshake", "snapshot", "last_error"]
-        print(_table(rows, columns))
-        if args.probe:
-            failed = [row for row in rows if row["state"] not in ("ready",)]
-            print(f"\nprobed {count(len(rows), 'upstream')} in {elapsed:.2f} s; {len(rows) - len(failed)} ready")
-            for row in failed:
-                if row["stderr_tail"]:
-                    print(f"\n--- {row['name']} stderr (last lines) ---")
-                    print("\n".join(row["stderr_tail"]))
-    if args.probe and any(row["state"] != "ready" for row in rows):
-        return 1
-    return 0
-
-
-def _status_row(status: Any) -> dict[str, Any]:
-    return {
-        "name": status.name,
-        "transport": status.transport,
-        "state": status.state,
-        "description": status.description,
-        "tools": status.tool_count,
-        "catalog_age": None if status.catalog_age is None else round(status.catalog_age, 1),
-        "handshake": None if status.handshake_seconds is None else round(status.handshake_seconds, 3),
-        "last_error": status.last_error,
-        "stderr_tail": status.stderr_tail,
-        "snapshot_tools": status.snapshot_tool_count,
-        "snapshot_age": None if status.snapshot_age is None else round(status.snapshot_age, 1),
-        "snapshot": _snapshot_cell(status),
-    }
-
-
-def _broken_row(name: str, problem: str) -> dict[str, Any]:
-    """A row for an upstream left out because its entry cannot be used here."""
-    empty = dict.fromkeys(("transport", "description", "tools", "catalog_age", "handshake", "snapshot_tools"))
-    return {
-        **empty,
-        "name": name,
-        "state": "disabled",
-        "last_error": problem,
-        "stderr_tail": [],
-        "snapshot_age": None,
-        "snapshot": None,
-    }
-
-
-def _snapshot_cell(status: Any) -> str | None:
-    """`12 tools, 3h old`, or why there is no usable snapshot."""
-    from aggregator.catalog.model import age_text
-
-    if status.snapshot_tool_count is not None:
-        return f"{count(status.snapshot_tool_count, 'tool')}, {age_text(status.snapshot_age or 0.0)} old"
-    return f"ignored: {status.snapshot_note}" if status.snapshot_note else None
-
-
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    """One line per row; the last column (an error, a note) is never cut, the others at 70 characters."""
-
-    def cell(column: str, value: Any) -> str:
-        if isinstance(value, int | float) and column in _UNITS:
-            value = _UNITS[column](value)
-        text = "-" if value is None else (str(value).splitlines() or [""])[0]
-        return text if column == columns[-1] or len(text) <= 70 else text[:69] + "…"
-
-    return render_table(columns, [[cell(c, row[c]) for c in columns] for row in rows])
-
-
-def _age(seconds: float) -> str:
-    from aggregator.catalog.model import age_text
-
-    return age_text(seconds)
-
-
-_UNITS: dict[str, Callable[[float], str]] = {"handshake": lambda s: f"{s:.2f} s", "catalog_age": _age}
-"""Table cells shown with their unit (the JSON keeps plain numbers of seconds)."""
-
-
-# ---------------------------------------------------------------- search
-
-
-async def _search(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    from aggregator.catalog.search import ToolSearchIndex
-    from aggregator.tools.catalog_search import format_explanation, format_results_table, search_tools
-    from aggregator.upstream.pool import UpstreamPool
-
-    async with UpstreamPool.running(config, _data_dir(args, settings)) as pool:
-        index = ToolSearchIndex()
-        for name in pool.upstream_names():
-            index.set_server_metadata(name, *pool.metadata(name))
-        index.attach(pool.store)
-        with progress_line("loading upstreams", None) if args.load else nullcontext():
-            result = await search_tools(
-                pool,
-                index,
-                {"query": args.query, "limit": args.limit, "load": args.load},
-                config.max_result_bytes,
-            )
-        payload = result.structured_content or {}
-        explanation = format_explanation(index, args.query, payload) if args.explain else ""
-    if args.json:
-        print(json.dumps(payload, indent=2, ensure_ascii=False))
-    elif result.is_error:
-        print(payload.get("error", {}).get("message", "search failed"), file=sys.stderr)
-    else:
-        print(format_results_table(payload))
-        if explanation:
-            print(explanation)
-    return EXIT_USAGE if result.is_error else 0
-
-
-# ---------------------------------------------------------------- refresh
-
-
-async def _refresh(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    """Start the named upstreams (default: all) concurrently, rewrite their snapshots, stop them."""
-    from aggregator.upstream.pool import UpstreamPool
-
-    names = _resolve_names(config, args.names)
-    if isinstance(names, str):
-        print(f"aggregator: {names}", file=sys.stderr)
-        return EXIT_USAGE
-    data_dir = _data_dir(args, settings)
-    async with UpstreamPool.running(config, data_dir) as pool:
-        started = time.monotonic()
-        with progress_line("refreshing upstreams", len(names)) as advance:
-            outcome = await pool.start_all(names, on_done=advance)
-        await pool.flush_snapshots()
-        elapsed = time.monotonic() - started
-        rows = [_refresh_row(pool, name, fault) for name, fault in outcome.items()]
-    if args.json:
-        print(json.dumps({"config": config.source, "data_dir": str(data_dir), "upstreams": rows}, indent=2))
-    else:
-        print(f"snapshots: {data_dir / 'catalogs'}")
-        print(_table(rows, ["name", "state", "tools", "handshake", "snapshot"]))
-        done = sum(1 for row in rows if row["written"])
-        print(f"\nrefreshed {done} of {count(len(rows), 'snapshot')} in {elapsed:.2f} s")
-    return 0 if all(row["written"] for row in rows) else 1
-
-
-def _resolve_names(config: AggregatorConfig, names: list[str]) -> list[str] | str:
-    """Configured names (matched ignoring case), or the message naming an unknown one."""
-    by_folded = {name.casefold(): name for name in config.upstreams}
-    unknown = [name for name in names if name.casefold() not in by_folded]
-    if unknown:
-        known = ", ".join(config.upstreams) or "none configured"
-        return f"no upstream named {', '.join(unknown)} (known: {known})"
-    return list(dict.fromkeys(by_folded[name.casefold()] for name in names)) or list(config.upstreams)
-
-
-def _refresh_row(pool: Any, name: str, fault: Any) -> dict[str, Any]:
-    status = pool.status(name)
-    path = pool.snapshot_writes.get(name)
-    if fault is not None:
-        snapshot = f"not refreshed: {fault.message}"
-    elif not pool.config.upstreams[name].snapshots:
-        snapshot = "not written: snapshots: false"
-    elif path is None:
-        snapshot = "not written (see the warning above)"
-    else:
-        snapshot = f"written: {path.name}"
-    return {
-        "name": name,
-        "state": "failed" if fault is not None else "ready",
-        "tools": status.tool_count,
-        "handshake": None if status.handshake_seconds is None else round(status.handshake_seconds, 3),
-        "snapshot": snapshot,
-        "written": fault is None and path is not None,
-    }
-
-
-def _data_dir(args: argparse.Namespace, settings: Settings) -> Path:
-    return resolve_data_dir(getattr(args, "data_dir", None), settings)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -23,15 +23,15 @@ import anyio
 
 from aggregator.cli.progress import progress_line
 from aggregator.config import AggregatorConfig, ConfigError, UpstreamConfig, parse_config
-from aggregator.config.clients import Places, client_files, read_client_file
+from aggregator.config.client_files import Places, client_files, read_client_file
+from aggregator.config.config_file import config_lookup, read_text
 from aggregator.config.expand import required_variables
-from aggregator.config.files import config_lookup, read_text
 from aggregator.config.importing import everything_set, is_aggregator_entry
 from aggregator.config.launcher import missing_command
 from aggregator.config.load import load_config, written_servers
 from aggregator.settings import Settings, resolve_data_dir
 from aggregator.table import count
-from aggregator.upstream.auth import login_command
+from aggregator.upstream.oauth_signin import login_command
 
 __all__ = ["register"]
 
@@ -160,7 +160,8 @@ def _strings(value: Any) -> Iterator[str]:
 async def check_upstreams(
     config: AggregatorConfig, findings: list[Finding], *, probe: bool, data_dir: Path | None = None
 ) -> None:
-    from aggregator.upstream.auth import Authenticator, TokenStore
+    from aggregator.upstream.oauth_providers import Authenticator
+    from aggregator.upstream.oauth_tokens import TokenStore
     from aggregator.upstream.pool import UpstreamPool
 
     store = TokenStore.in_data_dir(data_dir) if data_dir is not None else TokenStore(None)
@@ -197,7 +198,7 @@ async def check_upstreams(
 def _unprobed(upstream: UpstreamConfig, store: Any) -> Finding:
     """Found, not probed; for an upstream that signs in, whether a token is stored."""
     from aggregator.cli.auth import sign_in_state
-    from aggregator.upstream.auth import uses_oauth
+    from aggregator.upstream.oauth_providers import uses_oauth
 
     subject = f"upstream {upstream.name}"
     if not uses_oauth(upstream):

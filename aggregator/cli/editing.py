@@ -15,11 +15,11 @@ from typing import Any
 
 from aggregator.cli.clients import existing_servers, read_sources, resolve_sources, target_config, write_plan
 from aggregator.config import ConfigError, parse_config, user_config_file
-from aggregator.config.clients import CLIENTS, Places
-from aggregator.config.editing import STARTER, add_server, check_name, entry_from_words, remove_server, server_key
-from aggregator.config.files import read_text
+from aggregator.config.client_files import CLIENTS, Places
+from aggregator.config.config_file import read_text
 from aggregator.config.importing import everything_set, plan_import
 from aggregator.config.roundtrip import write_atomic
+from aggregator.config.yaml_edits import STARTER, add_server, check_name, entry_from_words, remove_server, server_key
 from aggregator.settings import Settings
 from aggregator.suggest import did_you_mean
 

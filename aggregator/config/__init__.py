@@ -37,8 +37,8 @@ One job per module:
 * `envfile`: a client's ``envFile`` (python-dotenv); `build`: data → models; `load`: entry points.
 """
 
+from aggregator.config.config_file import CONFIG_FILE_NAME, find_config_path, user_config_file
 from aggregator.config.errors import ConfigError
-from aggregator.config.files import CONFIG_FILE_NAME, find_config_path, user_config_file
 from aggregator.config.load import load_config, parse_config
 from aggregator.config.models import (
     BUILTIN_SOURCE,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from dotenv.parser import parse_stream
 
+from aggregator.config.config_file import read_text
 from aggregator.config.errors import ConfigError, Context, KeyPath
 from aggregator.config.expand import VAR_NAME
-from aggregator.config.files import read_text
 
 __all__ = ["read_env_file"]
 

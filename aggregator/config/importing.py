@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import PurePath
 from typing import Any, Literal
 
-from aggregator.config.clients import ClientServers
+from aggregator.config.client_files import ClientServers
 from aggregator.config.errors import ConfigError
 from aggregator.config.load import parse_config
 from aggregator.config.models import NAME_PATTERN, RESERVED_NAME

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aggregator.config.clients import ClientFile, parse_document
+from aggregator.config.client_files import ClientFile, parse_document
 from aggregator.config.importing import is_aggregator_entry
 from aggregator.config.launcher import launcher_command
 from aggregator.config.models import RESERVED_NAME

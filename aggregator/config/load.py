@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from aggregator.config.build import build_config
+from aggregator.config.config_file import find_config_path, read_text
 from aggregator.config.errors import Context, Lines
-from aggregator.config.files import find_config_path, read_text
 from aggregator.config.jsonc import parse_json
 from aggregator.config.models import BUILTIN_SOURCE, AggregatorConfig
 from aggregator.config.shapes import SERVER_SECTIONS

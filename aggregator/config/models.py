@@ -119,7 +119,7 @@ class UpstreamConfig(UpstreamPresentation):
     snapshots: bool = True  # keep the catalog on disk and serve it before the upstream starts
     snapshot_max_age: Duration = DEFAULT_SNAPSHOT_MAX_AGE  # seconds; older snapshots are ignored
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=1024)  # one message from it, any transport
-    # OAuth (remote upstreams; upstream/auth.py). auth None: OAuth when the server answers 401.
+    # OAuth (remote upstreams; upstream/oauth_providers.py). auth None: OAuth when the server answers 401.
     auth: AuthKind | None = None
     scopes: list[str] = Field(default_factory=list)
     client_id: str | None = None

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aggregator.config.config_file import read_text
 from aggregator.config.errors import ConfigError
-from aggregator.config.files import read_text
 from aggregator.files import write_atomically
 
 if TYPE_CHECKING:  # ruamel is imported on first use: `serve` never edits a file (issue 24, start-up)

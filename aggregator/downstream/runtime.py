@@ -43,7 +43,7 @@ except ImportError:
         from hashlib import sha256  # type: ignore[assignment,unused-ignore]
 
 RUNTIME_DIR_ENV = "AGGREGATOR_RUNTIME_DIR"
-CONFIG_FILE_NAME = "aggregator.yaml"  # as config.files.CONFIG_FILE_NAME, which needs platformdirs
+CONFIG_FILE_NAME = "aggregator.yaml"  # as config.config_file.CONFIG_FILE_NAME, which needs platformdirs
 
 
 def runtime_dir(environ: Mapping[str, str] | None = None) -> str:

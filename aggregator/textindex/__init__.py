@@ -6,7 +6,7 @@ syntax, `engine` matches, scores and highlights over any `PostingsReader`,
 """
 
 from aggregator.textindex.engine import AddOutcome, SearchHit, SearchOutcome, TextIndex
-from aggregator.textindex.query import ParsedQuery, parse_query
+from aggregator.textindex.query_parser import ParsedQuery, parse_query
 from aggregator.textindex.registry import BACKENDS, DEFAULT_INDEX, IndexRegistry, TextIndexError
 from aggregator.textindex.tokenizer import TokenizerConfig, TokenizerConfigError, tokenize
 

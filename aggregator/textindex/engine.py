@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from aggregator.textindex.highlight import make_highlights
-from aggregator.textindex.query import ParsedQuery, Phrase
+from aggregator.textindex.query_parser import ParsedQuery, Phrase
 from aggregator.textindex.tokenizer import TokenizerConfig
 
 SCORE_DECIMALS = 6

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from aggregator.textindex.query import ParsedQuery, Phrase
+from aggregator.textindex.query_parser import ParsedQuery, Phrase
 from aggregator.textindex.tokenizer import WORD, TokenizerConfig, iter_tokens
 
 MAX_HIGHLIGHTS = 3

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aggregator.textindex.engine import AddOutcome, SearchOutcome, StoredDocument, run_search, with_highlights
-from aggregator.textindex.query import ParsedQuery, Phrase
+from aggregator.textindex.query_parser import ParsedQuery, Phrase
 from aggregator.textindex.tokenizer import TokenizerConfig, run_terms
 
 ID_BYTES = array("I").itemsize

@@ -34,7 +34,7 @@ from aggregator.textindex.engine import (
     with_highlights,
 )
 from aggregator.textindex.memory import PhrasePattern, copy_metadata
-from aggregator.textindex.query import ParsedQuery, Phrase
+from aggregator.textindex.query_parser import ParsedQuery, Phrase
 from aggregator.textindex.readcache import ReadCache
 from aggregator.textindex.tokenizer import TokenizerConfig, TokenizerConfigError, term_positions
 

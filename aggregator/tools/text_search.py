@@ -23,7 +23,7 @@ import structlog
 from aggregator.catalog.caps import DEFAULT_MAX_RESULT_BYTES, cap_list
 from aggregator.faults import Fault
 from aggregator.textindex.engine import AddOutcome, SearchOutcome, TextIndex
-from aggregator.textindex.query import ParsedQuery, parse_query
+from aggregator.textindex.query_parser import ParsedQuery, parse_query
 from aggregator.textindex.registry import BACKENDS, DEFAULT_INDEX, IndexRegistry, TextIndexError
 from aggregator.textindex.tokenizer import (
     DEFAULT_LOWERCASE,

@@ -15,7 +15,6 @@ backoff window fail at once with `upstream_unavailable`.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -31,30 +30,24 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import CONNECTION_CLOSED
 
 from aggregator import __version__
-from aggregator.catalog.model import (
-    Catalog,
-    MalformedEntry,
-    clean_prompt,
-    clean_resource,
-    clean_resource_template,
-    clean_tool,
-    sorted_unique,
-)
+from aggregator.catalog.model import Catalog
 from aggregator.catalog.store import CatalogStore
 from aggregator.config import UpstreamConfig
 from aggregator.faults import Fault
 from aggregator.log import get_logger, redact_text
 from aggregator.sdk import ProgressFn, raw_notify, raw_request
-from aggregator.upstream.auth import Authenticator, SignInRequired, describe_auth_error
+from aggregator.upstream.catalog_listing import catalog_contents, list_catalog
 from aggregator.upstream.client_sessions import ClientSessions
+from aggregator.upstream.oauth_providers import Authenticator
+from aggregator.upstream.oauth_signin import SignInRequired
 from aggregator.upstream.session import Downstream, NoDownstream, UpstreamSession, Via, offered_names
+from aggregator.upstream.start_errors import describe_start_error, leaf_exceptions
 from aggregator.upstream.transports import TOO_LARGE, StderrTail, TransportHandle, open_transport
 
 log = get_logger(__name__)
 
 BACKOFF_FIRST = 0.1
 BACKOFF_MAX = 30.0
-MAX_PAGES = 1000
 STDERR_SETTLE_SECONDS = 0.2  # how long a failure waits for the dead upstream's stderr to be read to its end
 REFRESH_MIN_INTERVAL = 1.0  # between two listings caused by list_changed ...
 REFRESH_MAX_INTERVAL = 30.0  # ... doubling up to this while the listings find nothing new
@@ -204,8 +197,9 @@ class UpstreamConnection:
                 self._failed(run, self._exit_reason(reason, exited=False))
         except Exception as exc:
             # A sign-in is not a crash: once the user has signed in, the next need starts it at once.
-            at_once = any(isinstance(leaf, SignInRequired) for leaf in _leaf_exceptions(exc))
-            self._failed(run, _describe_start_error(exc, self), backoff=not at_once)
+            at_once = any(isinstance(leaf, SignInRequired) for leaf in leaf_exceptions(exc))
+            what = describe_start_error(exc, self.config)
+            self._failed(run, self._exit_reason(what, exited=not what.startswith("no handshake")), backoff=not at_once)
         finally:
             run.session = None
             run.done.set()
@@ -373,40 +367,7 @@ class UpstreamConnection:
     # ------------------------------------------------------------ catalog
 
     async def _list_catalog(self, session: ClientSession) -> Catalog:
-        caps = session.server_capabilities
-        allows = self.config.tools.allows
-        dropped: list[str] = []
-
-        def clean_all(items: list[Any], cleaner: Callable[..., Any], hide: Callable[[str], bool]) -> tuple[Any, ...]:
-            kept = []
-            for raw in items:
-                try:
-                    name = raw.get("name") if isinstance(raw, Mapping) else None
-                    kept.append(cleaner(self.name, raw, hidden=hide(name) if isinstance(name, str) else False))
-                except Exception as exc:
-                    reason = str(exc) if isinstance(exc, MalformedEntry) else f"{type(exc).__name__}: {exc}"
-                    dropped.append(reason)
-                    log.warning("dropped malformed entry", upstream=self.name, reason=reason)
-            return sorted_unique(kept)
-
-        tools = await _list_all(session, "tools/list", "tools")
-        prompts = await _list_all(session, "prompts/list", "prompts") if caps and caps.prompts else []
-        resources = await _list_all(session, "resources/list", "resources") if caps and caps.resources else []
-        templates = (
-            await _list_all(session, "resources/templates/list", "resourceTemplates") if caps and caps.resources else []
-        )
-        never = lambda _name: False  # noqa: E731 - allow/deny filters apply to tools only
-        return Catalog(
-            server=self.name,
-            tools=clean_all(tools, clean_tool, lambda n: not allows(n)),
-            prompts=clean_all(prompts, clean_prompt, never),
-            resources=clean_all(resources, clean_resource, never),
-            resource_templates=clean_all(templates, clean_resource_template, never),
-            dropped=tuple(dropped),
-            server_info=self.server_info.model_dump(by_alias=True, exclude_none=True) if self.server_info else None,
-            instructions=self.instructions,
-            offered=self.offered,
-        )
+        return await list_catalog(session, self.config, self.server_info, self.instructions, self.offered)
 
     async def _handle_message(self, run: _Run, message: Any) -> None:
         if isinstance(
@@ -459,7 +420,7 @@ class UpstreamConnection:
     def _settle_refresh(self, catalog: Catalog) -> None:
         """Publish a re-listed catalog if it changed, and set when the next listing may run."""
         old = self.catalog
-        if old is None or _contents(old) != _contents(catalog):
+        if old is None or catalog_contents(old) != catalog_contents(catalog):
             self._store.put(catalog)
             self._refresh_interval = REFRESH_MIN_INTERVAL
         else:
@@ -587,61 +548,7 @@ class UpstreamConnection:
         self._store = CatalogStore()
 
 
-async def _list_all(session: ClientSession, method: str, key: str) -> list[Any]:
-    """Every item of a paginated list; stops on a repeated cursor or after MAX_PAGES."""
-    items: list[Any] = []
-    cursor: str | None = None
-    seen: set[str] = set()
-    for _ in range(MAX_PAGES):
-        result = await raw_request(session, method, {"cursor": cursor} if cursor else None)
-        page = result.get(key)
-        if isinstance(page, list):
-            items.extend(page)
-        cursor = result.get("nextCursor")
-        if not isinstance(cursor, str) or not cursor or cursor in seen:
-            break
-        seen.add(cursor)
-    return items
-
-
 def _closed_reason(handle: TransportHandle) -> str:
     if handle.overflow:
         return f"sent a message over {handle.limit} bytes"
     return "exited" if handle.pid is not None else "connection lost"
-
-
-def _describe_start_error(exc: BaseException, conn: UpstreamConnection) -> str:
-    """One line saying why a start failed, with the tail of the child's stderr."""
-    leaves = list(_leaf_exceptions(exc))
-    first = leaves[0] if leaves else exc
-    if (signing_in := describe_auth_error(first)) is not None:
-        what = signing_in
-    elif isinstance(first, TimeoutError):
-        what = f"no handshake within {conn.config.timeouts.connect:g}s"
-    elif isinstance(first, FileNotFoundError | NotADirectoryError) and not _is_dir(conn.config.cwd):
-        what = f"working directory not found: {conn.config.cwd}"
-    elif isinstance(first, FileNotFoundError):
-        what = f"command not found: {conn.config.command}"
-    elif isinstance(first, PermissionError):
-        what = f"command not executable: {conn.config.command}"
-    elif isinstance(first, MCPError):
-        what = f"handshake failed: {first.message}"
-    else:
-        what = f"{type(first).__name__}: {first}".strip()
-    return conn._exit_reason(what[:500], exited=not what.startswith("no handshake"))
-
-
-def _is_dir(path: str | None) -> bool:
-    return path is None or os.path.isdir(path)
-
-
-def _contents(catalog: Catalog) -> tuple[Any, ...]:
-    return (catalog.tools, catalog.prompts, catalog.resources, catalog.resource_templates)
-
-
-def _leaf_exceptions(exc: BaseException) -> Any:
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            yield from _leaf_exceptions(inner)
-    else:
-        yield exc

@@ -4,11 +4,8 @@ The pool owns one task group; every upstream's owner task, catalog refresh,
 eager start and snapshot write lives in it, so leaving `UpstreamPool.running()`
 ends them all.
 
-Snapshots (given a data dir): at construction the store is seeded from every
-valid snapshot, so search, list, describe and introspection answer before
-anything starts. Each live listing is written back to disk in a worker
-thread, off the path of the load and of any call; writes of one upstream are
-coalesced (only the latest listing is written).
+Snapshots (given a data dir): the store is seeded from them before anything
+starts, and each live listing is written back (`pool_snapshots.SnapshotKeeper`).
 """
 
 from __future__ import annotations
@@ -22,19 +19,20 @@ from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
-import anyio.to_thread
 
 from aggregator.catalog.model import Catalog, ToolEntry, age_text
 from aggregator.catalog.snapshot import SnapshotDir, fingerprint
 from aggregator.catalog.store import CatalogStore
-from aggregator.config import AggregatorConfig, ToolFilter, UpstreamConfig
+from aggregator.config import AggregatorConfig, UpstreamConfig
 from aggregator.config.watch import watch_config
 from aggregator.faults import Fault
 from aggregator.log import get_logger, register_secrets
 from aggregator.sdk import ProgressFn
 from aggregator.suggest import closest
-from aggregator.upstream.auth import Authenticator, TokenStore
 from aggregator.upstream.connection import State, UpstreamConnection
+from aggregator.upstream.oauth_providers import Authenticator
+from aggregator.upstream.oauth_tokens import TokenStore
+from aggregator.upstream.pool_snapshots import SnapshotKeeper
 from aggregator.upstream.session import Downstream, NoDownstream, offered_names
 
 log = get_logger(__name__)
@@ -120,12 +118,10 @@ class UpstreamPool:
         self._reconfigure_listeners: list[Callable[[ConfigDiff], None]] = []
         self._config_checks: list[Callable[[AggregatorConfig], None]] = []
         self._closing = False
-        self._snapshot_notes: dict[str, str] = {}
-        self._unwritten: dict[str, Catalog] = {}  # the latest live listing not yet written, per upstream
-        self._writers: set[str] = set()  # upstreams whose writer task runs
-        self.snapshot_writes: dict[str, Path | None] = {}  # the outcome of each upstream's last write
-        self._seed_snapshots(self._fingerprints)
-        self._store.subscribe(self._on_catalog)
+        self._snapshot_keeper = SnapshotKeeper(self.snapshots, self._fingerprints, self._store, task_group)
+        self.snapshot_writes = self._snapshot_keeper.writes  # the outcome of each upstream's last write
+        self._snapshot_keeper.seed(config.upstreams, self._fingerprints)
+        self._store.subscribe(self._snapshot_keeper.on_catalog)
 
     @classmethod
     @asynccontextmanager
@@ -355,7 +351,7 @@ class UpstreamPool:
             stderr_tail=conn.stderr.lines()[-10:],
             snapshot_tool_count=len(snapshot.exposed_tools) if snapshot else None,
             snapshot_age=snapshot.age() if snapshot else None,
-            snapshot_note=self._snapshot_notes.get(name),
+            snapshot_note=self._snapshot_keeper.notes.get(name),
             instructions=self.instructions(name),
         )
 
@@ -384,7 +380,7 @@ class UpstreamPool:
         for conn in everyone:
             conn.request_stop()
         with anyio.move_on_after(SHUTDOWN_GRACE_SECONDS, shield=True):
-            while self._writers or any(_running(conn) for conn in everyone):
+            while self._snapshot_keeper.writing or any(_running(conn) for conn in everyone):
                 await anyio.sleep(0.02)
         tg.cancel_scope.cancel()
 
@@ -427,7 +423,9 @@ class UpstreamPool:
             )
             if self.snapshots is not None and config.upstreams[name].snapshots:
                 self._fingerprints[name] = fingerprint(config.upstreams[name])
-        self._seed_snapshots({name: self._fingerprints[name] for name in fresh if name in self._fingerprints})
+        self._snapshot_keeper.seed(
+            config.upstreams, {name: self._fingerprints[name] for name in fresh if name in self._fingerprints}
+        )
         self._connections = {name: self._connections[name] for name in config.upstreams}  # name order
         self._by_folded = {name.casefold(): name for name in self._connections}
         self._start_eager([*diff.added, *diff.changed])
@@ -454,50 +452,13 @@ class UpstreamPool:
 
     # ------------------------------------------------------------ snapshots
 
-    def _seed_snapshots(self, fingerprints: Mapping[str, str]) -> None:
-        """Put every valid snapshot of these upstreams in the store (marked as a snapshot, with its age)."""
-        if self.snapshots is None:
-            return
-        for name, digest in fingerprints.items():
-            upstream = self.config.upstreams[name]
-            outcome = self.snapshots.read(name, digest, upstream.snapshot_max_age, _hidden_by(upstream.tools))
-            if outcome.catalog is not None:
-                self._store.seed(outcome.catalog)
-            elif outcome.problem or outcome.stale:
-                self._snapshot_notes[name] = outcome.problem or outcome.stale or ""
-
     def snapshot_on_disk(self, upstream: UpstreamConfig) -> Catalog | None:
         """The valid snapshot on disk for this definition of an upstream (read only, nothing seeded)."""
-        if self.snapshots is None or not upstream.snapshots:
-            return None
-        hide = _hidden_by(upstream.tools)
-        return self.snapshots.read(upstream.name, fingerprint(upstream), upstream.snapshot_max_age, hide).catalog
-
-    def _on_catalog(self, server: str, catalog: Catalog | None) -> None:
-        """A live listing arrived: have it written to its snapshot file in the background."""
-        if catalog is None or catalog.is_snapshot or server not in self._fingerprints:
-            return
-        self._unwritten[server] = catalog
-        if server not in self._writers:
-            self._writers.add(server)
-            self._tg.start_soon(self._write_snapshots, server, name=f"snapshot-{server}")
-
-    async def _write_snapshots(self, server: str) -> None:
-        """Write the latest listing of `server` until none is left (a burst of listings writes twice at most)."""
-        assert self.snapshots is not None
-        try:
-            while (catalog := self._unwritten.pop(server, None)) is not None:
-                path = await anyio.to_thread.run_sync(self.snapshots.write, catalog, self._fingerprints[server])
-                self.snapshot_writes[server] = path
-                if path is not None:
-                    self._snapshot_notes.pop(server, None)
-        finally:
-            self._writers.discard(server)
+        return self._snapshot_keeper.on_disk(upstream)
 
     async def flush_snapshots(self) -> None:
         """Wait until every snapshot write under way has finished."""
-        while self._writers:
-            await anyio.sleep(0.01)
+        await self._snapshot_keeper.flush()
 
 
 @dataclass(frozen=True, slots=True)
@@ -534,7 +495,3 @@ def require_tool(catalog: Catalog, tool: str, snapshot: Catalog | None = None) -
 def _running(conn: UpstreamConnection) -> bool:
     """True while the upstream or one of its per-client sessions still runs."""
     return conn.state in (State.READY, State.STARTING) or conn.clients.live > 0
-
-
-def _hidden_by(tools: ToolFilter) -> Callable[[str], bool]:
-    return lambda name: not tools.allows(name)

@@ -125,7 +125,7 @@ async def open_transport(
 ) -> AsyncIterator[TransportHandle]:
     """Open the configured transport; closing it ends the upstream (and its process group).
 
-    `auth` (HTTP and SSE): the upstream's OAuth provider (`upstream/auth.py`), or None.
+    `auth` (HTTP and SSE): the upstream's OAuth provider (`upstream/oauth_providers.py`), or None.
     """
     if config.transport == "stdio":
         async with _stdio(config, stderr) as handle:

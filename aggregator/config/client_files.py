@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from aggregator.config.config_file import read_text
 from aggregator.config.errors import ConfigError
-from aggregator.config.files import read_text
 from aggregator.config.jsonc import parse_json
 from aggregator.config.yamlfile import parse_yaml
 

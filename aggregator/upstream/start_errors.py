@@ -1,0 +1,45 @@
+"""Why an upstream's start failed, in one line a user can act on."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from mcp.shared.exceptions import MCPError
+
+from aggregator.config import UpstreamConfig
+from aggregator.upstream.oauth_signin import describe_auth_error
+
+
+def describe_start_error(exc: BaseException, config: UpstreamConfig) -> str:
+    """What went wrong (at most 500 characters); the caller adds the tail of the child's stderr."""
+    leaves = list(leaf_exceptions(exc))
+    first = leaves[0] if leaves else exc
+    if (signing_in := describe_auth_error(first)) is not None:
+        what = signing_in
+    elif isinstance(first, TimeoutError):
+        what = f"no handshake within {config.timeouts.connect:g}s"
+    elif isinstance(first, FileNotFoundError | NotADirectoryError) and not _is_dir(config.cwd):
+        what = f"working directory not found: {config.cwd}"
+    elif isinstance(first, FileNotFoundError):
+        what = f"command not found: {config.command}"
+    elif isinstance(first, PermissionError):
+        what = f"command not executable: {config.command}"
+    elif isinstance(first, MCPError):
+        what = f"handshake failed: {first.message}"
+    else:
+        what = f"{type(first).__name__}: {first}".strip()
+    return what[:500]
+
+
+def leaf_exceptions(exc: BaseException) -> Iterator[BaseException]:
+    """The exceptions inside `exc`, exception groups flattened."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from leaf_exceptions(inner)
+    else:
+        yield exc
+
+
+def _is_dir(path: str | None) -> bool:
+    return path is None or os.path.isdir(path)
