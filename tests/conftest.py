@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -227,6 +228,20 @@ def private_user_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
         for variable, name in (("XDG_DATA_HOME", "data"), ("XDG_CONFIG_HOME", "config"), ("XDG_CACHE_HOME", "cache")):
             patch.setenv(variable, str(root / name))
         yield root
+
+
+@pytest.fixture(autouse=True)
+def logging_restored() -> Iterator[None]:
+    """A test that runs the CLI in-process (`run_main`) configures logging for a one-shot command
+    (errors only, our own stderr handler); put the root and `aggregator` loggers back afterwards, so
+    the next test's `caplog` still sees warnings whatever order the tests run in."""
+    loggers = [logging.getLogger(), logging.getLogger("aggregator")]
+    saved = [(logger.level, list(logger.handlers), logger.propagate) for logger in loggers]
+    yield
+    for logger, (level, handlers, propagate) in zip(loggers, saved, strict=True):
+        logger.setLevel(level)
+        logger.handlers[:] = handlers
+        logger.propagate = propagate
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,10 @@ def test_install_init_add_install_and_call(tmp_path: Path) -> None:
     home = tmp_path / "home"
     shim = fake_script(home / ".local/bin")  # what `pipx install` / `uv tool install` put on PATH
     env = aggregator_env(
-        HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), PATH=f"{shim.parent}{os.pathsep}{os.environ['PATH']}"
+        HOME=str(home),
+        XDG_CONFIG_HOME=str(home / ".config"),
+        PATH=f"{shim.parent}{os.pathsep}{os.environ['PATH']}",
+        AGGREGATOR_RUNTIME_DIR=str(tmp_path / "rt"),  # the service `connect` starts lives here, not in the user's
     )
 
     def cli(*args: str) -> str:
@@ -51,5 +54,9 @@ def test_install_init_add_install_and_call(tmp_path: Path) -> None:
             )
             return [s["name"] for s in servers], echoed.content[0].text  # type: ignore[union-attr]
 
-    names, text = anyio.run(through_the_client)
+    try:
+        names, text = anyio.run(through_the_client)
+    finally:  # the entry runs `connect`, which started the per-user service: stop it, as a user would
+        stopped = run_cli("service", "stop", *entry["args"][1:], env=env, cwd=home)
+        assert stopped.returncode == 0, stopped.stderr
     assert names == ["kit", "toolbox"] and text == "first day"
