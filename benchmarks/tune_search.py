@@ -59,6 +59,9 @@ GRID: dict[str, tuple[float, ...] | tuple[int, ...]] = {
     "stem_match": (0.5, 0.6, 0.7, 0.9),
     "lexicon_tie": (0.0, 0.15, 0.3, 0.5, 1.0),
     "min_partial": (3, 4, 5),
+    "number": (0.4, 0.7, 1.0),
+    "related": (0.0, 0.1, 0.25),
+    "related_absent": (0.0, 0.25, 0.5),
 }
 # The starting point before any tuning: textbook BM25 values and round guesses, so that the
 # leave-one-out runs start from weights that never saw the held-out set.

@@ -85,6 +85,8 @@ EVERYDAY = [
     # words the generic stop list drops, which a request hinges on
     ("show me the newest entries of the log", {"git/git_log"}),
     ("turn on verbose logging", {"everything/toggle-simulated-logging"}),
+    # words the right tool never uses, bridged by the related-terms table
+    ("count the rows", {"sqlite/read_query", "sqlite/describe_table"}),
     # a side clause with a date does not decide the ranking
     ("Today is 2024-05-01. Commit my staged changes", {"git/git_commit"}),
     # a name in the request is not tool vocabulary ("Del" is not delete)

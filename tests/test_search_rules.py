@@ -11,7 +11,7 @@ import pytest
 
 from aggregator.catalog.model import Catalog, clean_tool, sorted_unique
 from aggregator.catalog.search import DEFAULT_PARAMS, ToolSearchIndex, annotation_tokens
-from aggregator.catalog.search.query import lexicon, query_terms
+from aggregator.catalog.search.query import lexicon, query_terms, related_terms
 from aggregator.catalog.search.tokens import identifiers, is_cjk, names, stem, tokenize
 from aggregator.catalog.store import CatalogStore
 
@@ -111,6 +111,25 @@ def test_numbers_weigh_less_than_words() -> None:
     }
     assert terms["2023"].weight == terms["17"].weight == 0.7 and terms["book"].weight == 1.0
     assert DEFAULT_PARAMS.number < 1.0
+
+
+def test_related_terms_bridge_a_word_the_catalog_never_uses() -> None:
+    """The shipped table (distilled offline from an embedding model) lends a word absent from the
+    catalog its related words, below the query's own words; a word the catalog holds lends none."""
+    assert related_terms()["rows"] and all(0 < sim <= 1 for _, sim in related_terms()["rows"])
+    catalog = synthetic(
+        "db",
+        {"name": "describe", "description": "Describe a table and its schema."},
+        {"name": "backup", "description": "Copy the database file."},
+    )
+    index, _ = build([catalog])
+    assert ranked(index, "count rows") == [("db", "describe")]  # "rows" → table
+    terms = {t.token: t for t in index.query_terms("count rows")}
+    assert terms["table"].origin == "related: rows" and terms["table"].weight < DEFAULT_PARAMS.expansion_absent
+    matches = index.explain("count rows", "db", "describe")
+    assert [(m.query_term, m.origin) for m in matches] == [("table", "related: rows")]
+    present = {t.token for t in index.query_terms("describe the table")}
+    assert not [t for t in index.query_terms("describe the table") if t.origin.startswith("related")], present
 
 
 def test_names_in_a_request_lend_no_lexicon_words() -> None:

@@ -16,6 +16,13 @@ small share (`RankingParams.lexicon_tie`), so a tool that says "search",
 "find" and "query" does not outscore one that says "search" once for the query
 "find".
 
+A query word the catalog does not hold at all also lends its related words
+(`data/related_terms.json`, distilled offline from a sentence-embedding model by
+`benchmarks/build_related_terms.py`): "rows" searches "table" and "column", at
+`RankingParams.related_absent` × their similarity, below the lexicon's words.
+A word written as a name ("Del" in "Lana Del Rey") lends nothing and matches
+whole words only; a number counts less than a word (`RankingParams.number`).
+
 Only a word of the query itself may match longer words (the prefix and
 substring tiers): a function word or a lexicon word matches whole words and
 their stems, so "the" never finds "their" nor the lexicon's "dir" "directly".

