@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any
 
+from aggregator.cli.exit_codes import EXIT_FAILED, EXIT_USAGE
 from aggregator.config import AggregatorConfig, UpstreamConfig
 from aggregator.log import redact_text
 from aggregator.settings import Settings, resolve_data_dir
@@ -25,9 +26,6 @@ from aggregator.upstream.oauth_tokens import TokenStore
 from aggregator.upstream.pool import UpstreamPool
 
 __all__ = ["register", "sign_in_state"]
-
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import mcp.types as types
 
 from aggregator.catalog.search import ToolSearchIndex
+from aggregator.cli.exit_codes import EXIT_FAILED, EXIT_USAGE
 from aggregator.cli.progress import upstream_progress
 from aggregator.config import AggregatorConfig
 from aggregator.faults import PROGRAMMER_REASONS, Fault
@@ -30,9 +31,6 @@ from aggregator.upstream.oauth_providers import cli_authenticator
 from aggregator.upstream.pool import UpstreamPool
 
 __all__ = ["parse_call_arguments", "register"]
-
-EXIT_ERROR_RESULT = 1
-EXIT_USAGE = 2
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -315,7 +313,7 @@ def _fault_of(payload: Mapping[str, Any]) -> dict[str, str] | None:
 
 def _exit_code(fault: Mapping[str, str] | None) -> int:
     """2 for a mistake in the command (unknown server or tool, bad arguments), else 1."""
-    return EXIT_USAGE if fault is not None and fault["reason"] in PROGRAMMER_REASONS else EXIT_ERROR_RESULT
+    return EXIT_USAGE if fault is not None and fault["reason"] in PROGRAMMER_REASONS else EXIT_FAILED
 
 
 class _Hints:

@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
+from aggregator.cli.exit_codes import EXIT_USAGE
 from aggregator.cli.progress import progress_line
 from aggregator.config import ConfigError, find_config_path, parse_config, user_config_file
 from aggregator.config.client_files import (
@@ -53,7 +54,6 @@ from aggregator.table import count, render_table
 
 __all__ = ["register"]
 
-EXIT_USAGE = 2
 _T = TypeVar("_T")
 ATTEMPTS = 3  # a file another program keeps rewriting: re-read and re-plan this many times, then refuse
 

@@ -22,6 +22,7 @@ import anyio
 import anyio.lowlevel
 
 from aggregator import __version__
+from aggregator.cli.exit_codes import EXIT_USAGE
 from aggregator.cli.serve import serve
 from aggregator.cli.upstreams import list_upstreams, refresh, search
 from aggregator.config import AggregatorConfig, ConfigError, load_config
@@ -32,8 +33,6 @@ from aggregator.settings import Settings, load_settings
 from aggregator.suggest import closest
 
 log = get_logger(__name__)
-
-EXIT_USAGE = 2
 
 
 class _Parser(argparse.ArgumentParser):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from aggregator.cli.clients import existing_servers, read_sources, resolve_sources, target_config, write_plan
+from aggregator.cli.exit_codes import EXIT_USAGE
 from aggregator.config import ConfigError, parse_config, user_config_file
 from aggregator.config.client_files import CLIENTS, Places
 from aggregator.config.config_file import read_text
@@ -24,8 +25,6 @@ from aggregator.settings import Settings
 from aggregator.suggest import did_you_mean
 
 __all__ = ["register"]
-
-EXIT_USAGE = 2
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:

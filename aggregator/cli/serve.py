@@ -18,14 +18,13 @@ import anyio
 import anyio.lowlevel
 
 from aggregator import sdk
+from aggregator.cli.exit_codes import EXIT_USAGE
 from aggregator.config import AggregatorConfig, ConfigError
 from aggregator.log import get_logger
 from aggregator.settings import Settings, resolve_data_dir
 from aggregator.startup import settled_imports
 
 log = get_logger(__name__)
-
-EXIT_USAGE = 2
 
 
 async def serve(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:

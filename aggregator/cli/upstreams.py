@@ -16,13 +16,11 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from aggregator.cli.exit_codes import EXIT_USAGE
 from aggregator.cli.progress import progress_line
 from aggregator.config import AggregatorConfig
 from aggregator.settings import Settings, resolve_data_dir
 from aggregator.table import count, render_table
-
-EXIT_USAGE = 2
-
 
 # ---------------------------------------------------------------- list-upstreams
 
