@@ -14,22 +14,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
 import httpx2
 from mcp.client.auth import OAuthTokenError
-from mcp.client.auth.extensions.client_credentials import SignedJWTParameters
-from mcp.client.auth.extensions.identity_assertion import IdentityAssertionOAuthProvider
 from mcp.client.auth.utils import union_scopes
 from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata
 from pydantic import AnyUrl
 
 from aggregator.config import UpstreamConfig
 from aggregator.log import register_secrets
-from aggregator.sdk.oauth import ClientCredentialsProvider, OAuthProvider, PrivateKeyJWTProvider
 from aggregator.settings import Settings
 from aggregator.upstream.oauth_signin import BrowserStep, SignInRequired, free_port, port_is_free
 from aggregator.upstream.oauth_tokens import StoredTokens, TokenStore
+
+if TYPE_CHECKING:  # the providers load when an upstream signs in: their client-credentials module
+    # imports PyJWT and with it `cryptography` (about 8 MB RSS a `serve` of stdio upstreams never uses)
+
+    from aggregator.sdk.oauth import ClientCredentialsProvider, OAuthProvider, PrivateKeyJWTProvider
 
 __all__ = [
     "Authenticator",
@@ -65,6 +68,8 @@ class Authenticator:
     def auth_for(self, config: UpstreamConfig) -> httpx2.Auth | None:
         if not uses_oauth(config):
             return None
+        from aggregator.sdk.oauth import OAuthProvider
+
         assert config.url is not None
         storage = StoredTokens(self.store, config.name, config.url, _configured_client(config))
         wanted = self.store.entry(config.name, config.url).get("wanted_scope")
@@ -164,6 +169,8 @@ def _identity_assertion(config: UpstreamConfig, storage: StoredTokens, scope: st
         register_secrets([token])
         return token
 
+    from mcp.client.auth.extensions.identity_assertion import IdentityAssertionOAuthProvider
+
     return IdentityAssertionOAuthProvider(
         config.url,
         storage,
@@ -191,6 +198,10 @@ def _configured_client(config: UpstreamConfig) -> OAuthClientInformationFull | N
 def _client_credentials(
     config: UpstreamConfig, storage: StoredTokens, scope: str | None
 ) -> ClientCredentialsProvider | PrivateKeyJWTProvider:
+    from mcp.client.auth.extensions.client_credentials import SignedJWTParameters
+
+    from aggregator.sdk.oauth import ClientCredentialsProvider, PrivateKeyJWTProvider
+
     assert config.url is not None
     if config.client_id is None:
         raise SignInRequired(config.name, " (auth: client_credentials needs client_id)")
