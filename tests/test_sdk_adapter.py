@@ -263,3 +263,66 @@ async def test_untraced_upstream_requests_replaces_the_client_span_and_requests_
         assert [tool["name"] for tool in got["tools"]] == ["t"]
     finally:
         dispatcher.otel_span, dispatcher.inject_trace_context = saved
+
+
+def _fresh(script: str) -> None:
+    """Run `script` in a fresh interpreter (the deferral must come before `mcp` is imported)."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_defer_mcpserver_keeps_the_package_and_cryptography_out_until_used() -> None:
+    """`mcp.server.mcpserver` (MCPServer, request_state, cryptography) is not imported with `mcp`;
+    `isinstance` against the placeholder loads nothing; subclassing loads the real class, which
+    then replaces the placeholder in every SDK module that bound it, and `mcp.Client` serves it."""
+    _fresh("""
+import sys, anyio
+from aggregator.sdk.deferred import PLACEHOLDER, defer_mcpserver
+assert defer_mcpserver() is True
+import mcp, mcp.server, mcp.client.client
+from mcp.server import Server
+heavy = ("cryptography", "mcp.server.request_state", "mcp.server.mcpserver.server")
+assert not any(name in sys.modules for name in heavy), [n for n in heavy if n in sys.modules]
+assert mcp.server.MCPServer is PLACEHOLDER and mcp.client.client.MCPServer is PLACEHOLDER
+assert not isinstance(Server("low"), mcp.server.MCPServer) and not any(n in sys.modules for n in heavy)
+import inspect; inspect.getmodule(Server)  # reads every module's __file__: must load nothing
+assert not any(name in sys.modules for name in heavy)
+
+class Mine(mcp.server.MCPServer):
+    pass
+
+assert all(name in sys.modules for name in heavy)
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+assert MCPServer is sys.modules["mcp.server.mcpserver.server"].MCPServer is mcp.client.client.MCPServer
+assert issubclass(Mine, MCPServer) and isinstance(Mine("m"), PLACEHOLDER)
+server = Mine("s")
+
+@server.tool()
+def echo(message: str) -> str:
+    return message
+
+async def main():
+    async with mcp.Client(server) as client:
+        result = await client.call_tool("echo", {"message": "hi"})
+    assert result.content[0].text == "hi", result
+
+anyio.run(main)
+assert defer_mcpserver() is False
+print("ok")
+""")
+
+
+def test_defer_mcpserver_placeholder_builds_a_real_server_and_submodules_import() -> None:
+    _fresh("""
+import sys
+from aggregator.sdk.deferred import defer_mcpserver
+assert defer_mcpserver() is True
+import mcp.server
+import mcp.server.mcpserver.utilities.types as utility_types  # a submodule alone, under the stand-in
+assert utility_types.Image
+server = mcp.server.MCPServer("s")  # calling the placeholder
+assert type(server).__name__ == "MCPServer" and isinstance(server, mcp.server.MCPServer)
+assert "cryptography" in sys.modules and sys.modules["mcp.server.mcpserver"].MCPServer is type(server)
+print("ok")
+""")

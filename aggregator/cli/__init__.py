@@ -28,6 +28,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from aggregator import sdk
 
             sdk.defer_wire_model_builds()  # before anything imports the SDK
+            if words[at] == "serve":  # it builds no MCPServer: keep that package and cryptography out
+                from aggregator.sdk.deferred import defer_mcpserver
+
+                defer_mcpserver()
         from aggregator.cli.commands import main as cli_main
 
     return cli_main(argv)

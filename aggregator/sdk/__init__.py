@@ -21,6 +21,9 @@ naming which internal changed (each function below has a test that exercises it 
   pydantic validators at import; deferred, each builds on its first use, so an era no client speaks
   costs only its class definitions. It must run before `mcp` is imported, so this module imports
   the SDK only inside its functions.
+- `deferred` (a submodule, `aggregator.sdk.deferred`): `import mcp` imports the high-level
+  `MCPServer` package and with it `cryptography` (9 MB RSS); `serve` never builds one, so it gets a
+  stand-in until first use.
 """
 
 from __future__ import annotations
