@@ -23,19 +23,23 @@ aggregator is killed with SIGKILL nothing ends the group at all. So the guard
   end-of-file when the aggregator exits or is killed, and SIGTERM, SIGINT and SIGHUP do the same.
 
 Messages are dicts in `marshal` format (the same interpreter runs both ends; `json` would
-add 0.5 MB to the guard's RSS). Aggregator → guard: ``{"id", "argv", "env", "cwd"}`` with three descriptors.
-Guard → aggregator: ``{"id", "pid"}`` or ``{"id", "error"}``, and ``{"exit": pid, "code": n}``
-(128 + signal when a signal ended it).
+add 0.5 MB to the guard's RSS). For the same reason the guard imports the C modules under
+`socket`, `signal`, `selectors` and `ctypes` (`_socket`, `_signal`, `select`, `_ctypes`): their
+Python wrappers import `enum` and more, 1.5 MB of RSS for names and conveniences the guard never
+uses (issue 24: the guard's RSS counts fully in the aggregator's own memory).
+Aggregator → guard: ``{"id", "argv", "env", "cwd"}`` with three descriptors. Guard → aggregator:
+``{"id", "pid"}`` or ``{"id", "error"}``, and ``{"exit": pid, "code": n}`` (128 + signal when a
+signal ended it).
 """
 
 from __future__ import annotations
 
-import ctypes
+import _ctypes
+import _signal as signal
+import _socket
 import marshal
 import os
-import selectors
-import signal
-import socket
+import select
 import sys
 import time
 
@@ -46,10 +50,34 @@ MARKER = "AGGREGATOR_GUARD_UPSTREAM"
 MAX_MESSAGE = 4 * 1024 * 1024
 
 
+class _Int(_ctypes._SimpleCData):  # ctypes.c_int, without importing ctypes
+    _type_ = "i"
+
+
+class _LibcFunction(_ctypes.CFuncPtr):  # what ctypes.CDLL(None, use_errno=True) makes of a C function
+    _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+    _restype_ = _Int
+
+
+class _Libc:
+    _handle = _ctypes.dlopen(None, os.RTLD_NOW)  # type: ignore[arg-type]  # the program itself, as CDLL(None)
+
+
 def _prctl(option: int, value: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(option, value, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
+    prctl = _LibcFunction(("prctl", _Libc))  # type: ignore[arg-type]  # anything with a _handle will do
+    if prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(_ctypes.get_errno(), f"prctl({option}) failed")
+
+
+def _recv_fds(sock: _socket.socket, size: int, most: int) -> tuple[bytes, list[int]]:
+    """One message and the descriptors that came with it (socket.recv_fds, close-on-exec)."""
+    data, ancillary, _flags, _addr = sock.recvmsg(size, _socket.CMSG_LEN(most * 4), _socket.MSG_CMSG_CLOEXEC)
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            usable = len(payload) - len(payload) % 4
+            fds += [int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True) for i in range(0, usable, 4)]
+    return data, fds
 
 
 def _children_map() -> dict[int, list[int]]:
@@ -131,7 +159,7 @@ def _owner(pid: int, leaders: dict[int, str]) -> int | None:
 class Guard:
     """The guard's state: the live upstream leaders and the trees being ended."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: _socket.socket) -> None:
         self.sock = sock
         self.leaders: dict[int, str] = {}  # leader pid -> marker
         self.ending: list[tuple[float, list[int]]] = []  # (SIGKILL deadline, pids sent SIGTERM)
@@ -232,14 +260,15 @@ def serve(guard: Guard) -> None:
     signal.signal(signal.SIGCHLD, lambda _s, _f: None)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, _f: stopping.append(signum))
-    selector = selectors.DefaultSelector()
-    selector.register(guard.sock, selectors.EVENT_READ)
-    selector.register(wake_read, selectors.EVENT_READ)
+    poller = select.poll()
+    poller.register(guard.sock.fileno(), select.POLLIN)
+    poller.register(wake_read, select.POLLIN)
     while not stopping:
-        for key, _ in selector.select(guard.timeout()):
-            if key.fileobj is guard.sock:
+        timeout = guard.timeout()
+        for fd, _ in poller.poll(None if timeout is None else timeout * 1000):
+            if fd == guard.sock.fileno():
                 try:
-                    data, fds, _flags, _addr = socket.recv_fds(guard.sock, MAX_MESSAGE, 3, socket.MSG_CMSG_CLOEXEC)
+                    data, fds = _recv_fds(guard.sock, MAX_MESSAGE, 3)
                 except OSError:
                     data, fds = b"", []
                 if not data:
@@ -263,8 +292,8 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("usage: guard.py PARENT_PID SOCKET_FD\n")
         return 2
     parent, fd = int(argv[1]), int(argv[2])
-    sock = socket.socket(fileno=fd)
-    sock.set_inheritable(False)
+    sock = _socket.socket(fileno=fd)
+    os.set_inheritable(fd, False)
     try:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
     except OSError as exc:  # a sandbox refusing prctl: upstreams still end with the aggregator
