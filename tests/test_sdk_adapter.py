@@ -326,3 +326,31 @@ assert type(server).__name__ == "MCPServer" and isinstance(server, mcp.server.MC
 assert "cryptography" in sys.modules and sys.modules["mcp.server.mcpserver"].MCPServer is type(server)
 print("ok")
 """)
+
+
+def test_sse_starlette_imports_without_uvicorn_and_the_http_transport_hooks_it_back() -> None:
+    """sse_starlette hooks uvicorn's exit handler at import when uvicorn is importable; `serve` imports it
+    with uvicorn hidden, and the HTTP transport installs the same hook, once, when it loads uvicorn."""
+    _fresh("""
+import sys
+from aggregator.sdk.deferred import import_sse_without_uvicorn, restore_sse_drain
+assert import_sse_without_uvicorn() is True
+import mcp, mcp.server.streamable_http
+from sse_starlette.sse import AppStatus
+assert "uvicorn" not in sys.modules and AppStatus.original_handler is None
+assert import_sse_without_uvicorn() is False
+from uvicorn.main import Server
+original = Server.handle_exit
+import aggregator.downstream.http
+assert Server.handle_exit is AppStatus.handle_exit and AppStatus.original_handler is original
+restore_sse_drain()
+assert Server.handle_exit is AppStatus.handle_exit and AppStatus.original_handler is original
+print("ok")
+""")
+    _fresh("""
+import mcp
+from sse_starlette.sse import AppStatus
+from uvicorn.main import Server
+assert Server.handle_exit is AppStatus.handle_exit and AppStatus.original_handler is not None  # what we restate
+print("ok")
+""")

@@ -37,6 +37,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from aggregator.log import get_logger
 from aggregator.proxy.server import AggregatorServer
+from aggregator.sdk.deferred import restore_sse_drain
+
+restore_sse_drain()  # `serve` imported sse_starlette without uvicorn (issue 24: memory)
 
 log = get_logger(__name__)
 

@@ -1,4 +1,6 @@
-"""Keep the SDK's high-level `MCPServer` out of a process that never builds one (issue 24: memory).
+"""Keep what `import mcp` loads but a stdio `serve` never uses out of its memory (issue 24).
+
+`MCPServer`:
 
 `import mcp` runs `mcp/server/__init__.py`, which imports `mcp.server.mcpserver` for the name
 `MCPServer`; that package imports `mcp.server.request_state`, and with it `cryptography` (its Rust
@@ -13,6 +15,11 @@ subclassing, an attribute, a subscript), imports the real package and puts the r
 those modules, so code that does use `MCPServer` behaves as without the deferral, only later. An
 `isinstance` check against the placeholder loads nothing: without the real class there can be no
 instance of it.
+
+uvicorn: `import mcp` imports `sse_starlette`, whose import imports uvicorn (click, multiprocessing,
+logging.config: 2.5 MB RSS) only to hook uvicorn's exit handler. `import_sse_without_uvicorn`
+imports `sse_starlette` with uvicorn hidden, so the hook is skipped; `restore_sse_drain` installs
+the same hook when the HTTP transport imports uvicorn itself (`downstream/http.py`).
 """
 
 from __future__ import annotations
@@ -114,3 +121,31 @@ class _DeferredClass:
 
 
 PLACEHOLDER = _DeferredClass()
+
+
+def import_sse_without_uvicorn() -> bool:
+    """Import `sse_starlette.sse` with uvicorn hidden (it is optional there); False if already imported."""
+    if "sse_starlette.sse" in sys.modules or "uvicorn" in sys.modules:
+        return False
+    sys.modules["uvicorn"] = None  # type: ignore[assignment]  # None: "import uvicorn" raises ImportError
+    try:
+        importlib.import_module("sse_starlette.sse")
+    except ImportError:
+        return False
+    finally:
+        del sys.modules["uvicorn"]
+    return True
+
+
+def restore_sse_drain() -> None:
+    """Hook `sse_starlette` into uvicorn's exit handler as its import does when uvicorn is importable
+    (on shutdown its open event streams end instead of waiting); a no-op when already hooked."""
+    sse = sys.modules.get("sse_starlette.sse")
+    if sse is None:
+        return
+    from uvicorn.main import Server
+
+    status = sse.AppStatus
+    if status.original_handler is None:
+        status.original_handler = Server.handle_exit
+        Server.handle_exit = status.handle_exit  # type: ignore[method-assign]
