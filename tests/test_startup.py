@@ -38,8 +38,8 @@ def test_serve_imports_no_cli_only_module_and_no_rich(tmp_path: Path) -> None:
     found = _serve_imports(tmp_path)
     roots = set(found["roots"])  # type: ignore[arg-type]
     assert not roots & {"rich", "pygments", "ruamel", "tomlkit"}, roots
-    # memory: OAuth's PyJWT and the SDK's MCPServer bring cryptography (9-12 MB RSS), sse_starlette uvicorn (2.5)
-    assert not roots & {"jwt", "cryptography", "uvicorn", "click"}, roots  # uvicorn: only with --transport http
+    # memory: PyJWT and the SDK's MCPServer bring cryptography (9-12 MB RSS), sse_starlette uvicorn (2.5), sqlite 0.9
+    assert not roots & {"jwt", "cryptography", "uvicorn", "click", "sqlite3"}, roots  # uvicorn: --transport http only
 
 
 def test_the_cli_freezes_its_imports_and_collects_again_after(tmp_path: Path) -> None:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from aggregator.textindex.engine import TextIndex
 from aggregator.textindex.memory import MemoryIndex
-from aggregator.textindex.sqlite import IndexFileError, IndexFileExists, SqliteIndex
 from aggregator.textindex.tokenizer import TokenizerConfig
 
 DEFAULT_INDEX = "default"
@@ -62,6 +61,8 @@ class IndexRegistry:
             if backend == "memory":
                 index = MemoryIndex(name, config)
             else:
+                from aggregator.textindex.sqlite import IndexFileExists, SqliteIndex  # sqlite3: 0.9 MB RSS
+
                 try:
                     index = SqliteIndex.create(name, path, config)
                 except IndexFileExists:
@@ -83,6 +84,8 @@ class IndexRegistry:
                 return found
             if not path.is_file():
                 raise TextIndexError(f"Index not found: {name}")
+            from aggregator.textindex.sqlite import IndexFileError, SqliteIndex  # on first use (issue 24)
+
             try:
                 index = SqliteIndex.open(name, path)
             except IndexFileError as exc:
