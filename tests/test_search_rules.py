@@ -3,15 +3,18 @@ small synthetic catalogs: these need no data beside the repository."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from aggregator.catalog.model import Catalog, clean_tool, sorted_unique
 from aggregator.catalog.search import DEFAULT_PARAMS, ToolSearchIndex, annotation_tokens
-from aggregator.catalog.search.query import lexicon, query_terms, related_terms
+from aggregator.catalog.search.query import lexicon, query_terms, related_entries, related_terms
 from aggregator.catalog.search.tokens import identifiers, is_cjk, names, stem, tokenize
 from aggregator.catalog.store import CatalogStore
 
@@ -264,3 +267,44 @@ def test_hidden_tools_are_not_searchable() -> None:
     catalog = synthetic("s", {"name": "delete_all"}, {"name": "delete_one"}, hidden=["delete_all"])
     index, _ = build([catalog])
     assert ranked(index, "delete") == [("s", "delete_one")]
+
+
+_WORDS = st.text(min_size=1, max_size=12)  # any text: quotes, backslashes, non-ASCII, lone surrogates
+_PAIRS = st.lists(st.tuples(_WORDS, st.floats(0, 1)).map(list), max_size=3)
+
+
+@given(
+    related=st.dictionaries(_WORDS, _PAIRS, max_size=8),
+    about=st.dictionaries(_WORDS, st.one_of(_WORDS, st.lists(_WORDS), st.dictionaries(_WORDS, _WORDS))),
+    indent=st.sampled_from([None, 0, 2, "\t"]),
+    ascii_only=st.booleans(),
+    related_first=st.booleans(),
+)
+def test_related_entries_reads_each_entry_as_the_whole_file_parse_would(
+    related: dict[str, list[list[Any]]], about: dict[str, Any], indent: Any, ascii_only: bool, related_first: bool
+) -> None:
+    """The table is kept as each entry's JSON text (issue 24: memory); whatever the file's layout,
+    every entry decodes to what `json.loads` of the whole file gives."""
+    document = {"related": related, "about": about} if related_first else {"about": about, "related": related}
+    text = json.dumps(document, indent=indent, ensure_ascii=ascii_only)
+    entries = related_entries(text)
+    assert {word: json.loads(raw) for word, raw in entries.items()} == json.loads(text)["related"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "[]", '{"related": [1]}', '{"related": {"a": [["b", 0.5]]', '{"related": {"a" [["b", 0.5]]}}', "{1: 2}"],
+)
+def test_related_entries_refuses_a_file_that_is_not_the_table(text: str) -> None:
+    with pytest.raises(ValueError):
+        related_entries(text)
+
+
+def test_related_terms_shipped_table_is_the_file_decoded() -> None:
+    from importlib import resources
+
+    raw = json.loads(resources.files("aggregator.catalog").joinpath("data/related_terms.json").read_text("utf-8"))
+    table = related_terms()
+    assert len(table) == len(raw["related"]) > 5000
+    assert all(table[word] == tuple((t, float(s)) for t, s in pairs) for word, pairs in raw["related"].items())
+    assert table.get("not-a-word-at-all", ()) == ()
