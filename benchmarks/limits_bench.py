@@ -10,7 +10,8 @@
    (`catalog_call_tool`; a directly exposed `up01__echo`), interleaved in blocks: p50/p90 added
    over direct, and the aggregator's CPU per call (from /proc).
 3. Memory: the aggregator's own resident memory (its process tree minus the upstreams: the
-   aggregator and its guard) with 1 and with N running upstreams, and the cost of each additional one.
+   aggregator and its guard) with 1 and with N running upstreams, the cost of each additional one,
+   and with 1 after a catalog search (what a session's first search loads).
 
 Linux only (/proc). The upstream of 2 and 3 is `examples/testkit.py` (standard library only), so
 the figures are the aggregator's own cost.
@@ -204,10 +205,13 @@ def tree(root: int) -> list[int]:
     return found
 
 
-async def own_memory(directory: Path, count: int) -> float:
-    """RSS of the aggregator's tree minus its upstreams, all `count` upstreams running, after 200 calls."""
+async def own_memory(directory: Path, count: int, search: bool = False) -> float:
+    """RSS of the aggregator's tree minus its upstreams, all `count` upstreams running, after 200 calls
+    (and one catalog search first if `search`: a session's first search loads the search vocabulary)."""
     config = write_config(directory, count)
     async with session_for(aggregator_params(config)) as agg:
+        if search:
+            await agg.call_tool("catalog_search_tools", {"query": "list the rows of a table"})
         for i in range(1, count + 1):
             await agg.call_tool(
                 "catalog_call_tool", {"server": f"up{i:02d}", "tool": "echo", "arguments": {"message": "p"}}
@@ -228,10 +232,12 @@ async def own_memory(directory: Path, count: int) -> float:
 async def bench_memory(directory: Path, upstreams: int) -> None:
     one = await own_memory(directory, 1)
     many = await own_memory(directory, upstreams)
+    searched = await own_memory(directory, 1, search=True)
     print("\n3. Own resident memory (process tree minus upstreams), after 200 calls")
     print(f"  1 running upstream   {one:7.1f} MB")
     each = (many - one) / (upstreams - 1)
     print(f"  {upstreams} running upstreams  {many:7.1f} MB   +{each:.2f} MB per additional upstream")
+    print(f"  1 running upstream, after a catalog search  {searched:7.1f} MB")
 
 
 async def main() -> None:
