@@ -1,8 +1,6 @@
 """Keep what `import mcp` loads but a stdio `serve` never uses out of its memory (issue 24).
 
-`MCPServer`:
-
-`import mcp` runs `mcp/server/__init__.py`, which imports `mcp.server.mcpserver` for the name
+`MCPServer`: `import mcp` runs `mcp/server/__init__.py`, which imports `mcp.server.mcpserver` for the name
 `MCPServer`; that package imports `mcp.server.request_state`, and with it `cryptography` (its Rust
 extension alone is 6.4 MB resident). `serve` uses the low-level `Server` only: measured on a stdio
 `serve`, the deferral takes 9 MB off the aggregator's RSS.
@@ -61,9 +59,8 @@ def _package_spec() -> ModuleSpec | None:
 
 def _load() -> Any:
     """Import the real package in place of the stand-in and rebind the class where the SDK bound it."""
-    module = sys.modules.get(PACKAGE)
-    if isinstance(module, _StandIn):
-        del sys.modules[PACKAGE]
+    if isinstance(sys.modules.get(PACKAGE), _StandIn):
+        sys.modules.pop(PACKAGE, None)  # pop: another thread may be loading it too
     real = importlib.import_module(PACKAGE)
     for name in BINDERS:
         binder = sys.modules.get(name)
