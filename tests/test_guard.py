@@ -144,3 +144,25 @@ def test_a_refused_start_leaves_no_idle_guard() -> None:
         for fd in ends:
             os.close(fd)
     assert _gone_within([guard.process.pid]) == []
+
+
+def test_the_guard_imports_no_python_wrapper_of_the_c_modules_it_uses() -> None:
+    """Its RSS counts fully in the aggregator's own memory (issue 24): `socket`, `signal`, `selectors`
+    and `ctypes` would bring `enum` and more (1.5 MB); the guard runs on `_socket`, `_signal`,
+    `select` and `_ctypes`, and its prctl through `_ctypes` works (it marks itself a subreaper)."""
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import guard; before = set(sys.modules); "
+        "guard._prctl(guard.PR_SET_CHILD_SUBREAPER, 1); "
+        "print(' '.join(sorted(set(sys.modules) - set(sys.builtin_module_names) - before)), '|', "
+        "' '.join(sorted(sys.modules)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", script, str(guard_client.GUARD.parent)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    late, loaded = done.stdout.split("|")
+    assert late.strip() == ""  # prctl imported nothing more
+    assert not set(loaded.split()) & {"socket", "signal", "selectors", "ctypes", "enum", "aggregator"}, loaded

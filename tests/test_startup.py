@@ -66,3 +66,23 @@ def test_settled_imports_nests_and_restores_the_collector() -> None:
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+def test_a_serving_stdio_aggregator_never_loads_what_it_does_not_use(tmp_path: Path) -> None:
+    """Memory (issue 24): after a proxied call and a catalog search, a real `serve` has mapped no
+    `cryptography` (the SDK's MCPServer, PyJWT) and no sqlite (no sqlite text index was opened)."""
+    from tests.conftest import kit_upstream, rpc, spawn_raw_aggregator, write_config
+
+    proc = spawn_raw_aggregator(write_config(tmp_path, {"kit": kit_upstream()}))
+    try:
+        echo = {"server": "kit", "tool": "echo", "arguments": {"message": "m"}}
+        called = rpc(proc, 1, "tools/call", {"name": "catalog_call_tool", "arguments": echo})
+        assert not called["result"].get("isError"), called
+        search = {"name": "catalog_search_tools", "arguments": {"query": "repeat a message back"}}
+        assert not rpc(proc, 2, "tools/call", search)["result"].get("isError")
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()  # the extension modules and libraries loaded
+        assert "cryptography" not in maps and "sqlite" not in maps
+    finally:
+        assert proc.stdin
+        proc.stdin.close()
+        proc.wait(timeout=30)
