@@ -197,6 +197,27 @@ async def test_a_direct_tool_known_from_a_snapshot_offers_the_sign_in(
         assert not answered.is_error and text(answered) == "direct"
 
 
+async def test_a_sign_in_revoked_while_serving_is_offered_again(
+    server: AuthServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    config, env = remote(tmp_path, server)
+    host = Host()
+    async with aggregator_client(config, env=env, errlog=(tmp_path / "err").open("w"), **host.session_args()) as c:
+        for signed_in in (1, 2):
+            with anyio.fail_after(WAIT):
+                link = await link_of(c, "catalog_call_tool", call())  # first: never signed in; then: revoked
+                await open_link(link["url"])
+                while len(host.completed) < signed_in:
+                    await anyio.sleep(0.05)
+            assert host.completed[-1] == link["elicitationId"]
+            assert text(await c.call_tool("catalog_call_tool", call())) == "served"
+            listed = await c.call_tool("catalog_list_tools", {"server": "remote"})
+            assert not listed.is_error, listed
+            server.revoke()  # refused from now on, its refresh token too
+    assert server.stats()["authorization_code"] == 2
+
+
 # ---------------------------------------------------------------- the listener's owner and timeout
 
 

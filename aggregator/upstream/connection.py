@@ -502,7 +502,9 @@ class UpstreamConnection:
             except MCPError as exc:
                 lost = exc.code == CONNECTION_CLOSED or (handle is not None and handle.closed.is_set())
                 if lost and client is not None and handle is not None:
-                    self.clients.lost(client, handle)  # the client's own session: the shared one is fine
+                    # the client's own session: the shared one is fine
+                    if (needed := await self.clients.lost(client, handle)) is not None:
+                        raise SignInNeeded(self.name, f"upstream {self.name!r}: {needed}") from None
                     raise Fault(
                         "upstream_error",
                         f"upstream {self.name!r}: the client's own session ended during the request "
