@@ -86,7 +86,7 @@ def redirect_port(url: str) -> int:
 
 def remote(tmp_path: Path, protected: AuthServer, **extra: Any) -> tuple[Path, dict[str, str]]:
     """A config whose one upstream is the protected server, and the environment of its data dir."""
-    config = write_config(tmp_path, {"remote": {"url": protected.url, **extra}})
+    config = write_config(tmp_path, {"remote": {"url": protected.url} | extra})
     return config, aggregator_env(AGGREGATOR_DATA_DIR=str(tmp_path / "data"))
 
 
@@ -195,6 +195,21 @@ async def test_a_direct_tool_known_from_a_snapshot_offers_the_sign_in(
             await host.complete.wait()
         answered = await c.call_tool("remote__echo", {"text": "direct"})
         assert not answered.is_error and text(answered) == "direct"
+
+
+@pytest.mark.server_args("--sse")
+async def test_an_sse_upstream_signs_in_through_the_link_too(
+    server: AuthServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    config, env = remote(tmp_path, server, url=server.url.replace("/mcp", "/sse"), transport="sse")
+    host = Host()
+    async with aggregator_client(config, env=env, errlog=(tmp_path / "err").open("w"), **host.session_args()) as c:
+        with anyio.fail_after(WAIT):
+            link = await link_of(c, "catalog_call_tool", call(text="over sse"))
+            await open_link(link["url"])
+            await host.complete.wait()
+        assert text(await c.call_tool("catalog_call_tool", call(text="over sse"))) == "over sse"
 
 
 async def test_a_sign_in_revoked_while_serving_is_offered_again(
