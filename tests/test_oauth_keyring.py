@@ -60,6 +60,8 @@ def test_tokens_live_in_the_keyring_move_between_stores_and_logout_clears_both(
     assert (code, out.strip()) == (0, "from the keyring"), err
     row = status(capsys, setup)
     assert row["state"] == "signed in" and row["store"] == f"keyring {HEADLESS}" and secret not in json.dumps(row)
+    _, out, _ = run(capsys, setup, "doctor", "--no-probe")
+    assert f"OAuth tokens: kept in keyring {HEADLESS}" in out and secret not in out
 
     monkeypatch.setenv("AGGREGATOR_TOKEN_STORE", "file")  # moving to the file loses nothing ...
     row = status(capsys, setup)
