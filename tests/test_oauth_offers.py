@@ -236,38 +236,63 @@ async def test_a_sign_in_revoked_while_serving_is_offered_again(
 # ---------------------------------------------------------------- the listener's owner and timeout
 
 
-async def test_a_sign_in_nobody_finishes_ends_frees_its_port_and_the_next_need_gets_a_new_link(
-    server: AuthServer,  # noqa: F811
-    tmp_path: Path,
-) -> None:
+@asynccontextmanager
+async def offers(protected: AuthServer, tmp_path: Path) -> AsyncIterator[tuple[Any, Any, Any, list[str]]]:
+    """A running pool (in this process) whose one upstream is the protected server: (pool, its config, the
+    `done` to offer with, and the elicitation ids it was told as complete)."""
     from aggregator.config import parse_config
-    from aggregator.upstream.oauth_signin import port_is_free
     from aggregator.upstream.pool import UpstreamPool
 
-    config = parse_config(json.dumps({"upstreams": {"remote": {"url": server.url}}}), "c.yaml", environ={})
+    config = parse_config(json.dumps({"upstreams": {"remote": {"url": protected.url}}}), "c.yaml", environ={})
     told: list[str] = []
 
     async def done(elicitation_id: str) -> None:
         told.append(elicitation_id)
 
-    async def ended(pool: UpstreamPool) -> None:
+    async with UpstreamPool.running(config, tmp_path / "data") as pool:
+        yield pool, config.upstreams["remote"], done, told
+
+
+async def ended(pool: Any) -> None:
+    with anyio.fail_after(10):
         while pool.sign_ins.pending("remote") is not None:
             await anyio.sleep(0.05)
 
-    async with UpstreamPool.running(config, tmp_path / "data") as pool:
+
+async def test_a_sign_in_nobody_finishes_ends_frees_its_port_and_the_next_need_gets_a_new_link(
+    server: AuthServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    from aggregator.upstream.oauth_signin import port_is_free
+
+    async with offers(server, tmp_path) as (pool, upstream, done, told):
         pool.sign_ins.timeout = 1.0
-        upstream = config.upstreams["remote"]
         first = await pool.sign_ins.offer(upstream, "client-1", done)
         assert not isinstance(first, str) and first.url is not None
         port = redirect_port(first.url)
         assert not port_is_free(port)  # the listener waits for the browser
-        with anyio.fail_after(10):
-            await ended(pool)
+        await ended(pool)
         assert port_is_free(port) and not first.signed_in and first.error == "no answer from the browser within 1s"
 
-        second = await pool.sign_ins.offer(upstream, "client-2", done)  # a new link, for whoever asks now
+        second = await pool.sign_ins.offer(upstream, "client-2", done)  # a new link, for whoever asks
         assert not isinstance(second, str) and second.url and second.elicitation_id != first.elicitation_id
         pool.client_gone("client-2")  # its client went away: the sign-in ends with it
-        with anyio.fail_after(5):
-            await ended(pool)
+        await ended(pool)
         assert port_is_free(redirect_port(second.url)) and second.error == "its client went away" and told == []
+
+
+async def test_a_forged_callback_ends_the_offered_sign_in_and_tells_nobody(
+    server: AuthServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    async with offers(server, tmp_path) as (pool, upstream, done, told):
+        offer = await pool.sign_ins.offer(upstream, "client", done)
+        assert not isinstance(offer, str) and offer.url is not None
+        browser = await anyio.run_process([*BROWSER.split(" "), "--tamper-state", offer.url], check=False)
+        assert browser.returncode == 0, browser.stderr
+        await ended(pool)
+        assert str(offer.error).startswith("sign-in failed: State parameter mismatch") and not offer.signed_in
+        assert told == []
+        assert server.stats()["authorization_code"] == 0 and pool.sign_ins.pending("remote") is None
+        again = await pool.sign_ins.offer(upstream, "client", done)
+        assert not isinstance(again, str) and again.elicitation_id != offer.elicitation_id
