@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.test_oauth import AuthServer, login, run, server, setup  # noqa: F401  (fixtures)
 
@@ -101,3 +103,36 @@ def test_auto_uses_a_system_keyring_only_and_an_unusable_chosen_keyring_is_a_cle
     monkeypatch.setenv("AGGREGATOR_TOKEN_STORE", "vault")
     code, _, err = run(capsys, setup, "auth", "status")
     assert code == 2 and "AGGREGATOR_TOKEN_STORE" in err
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    index=st.one_of(st.text(max_size=40), json_values.map(json.dumps)),
+    entry=st.one_of(st.text(max_size=40), json_values.map(json.dumps)),
+)
+def test_whatever_the_keyring_holds_reads_as_entries_or_signed_out(
+    index: str, entry: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from keyring.core import load_keyring
+
+    from aggregator.upstream.oauth_tokens import TokenStore
+
+    monkeypatch.setenv("PYTHON_KEYRING_BACKEND", HEADLESS)
+    backend = load_keyring(HEADLESS)
+    scope = str(tmp_path / "oauth-tokens.json")
+    backend.set_password(SERVICE, scope, index)
+    backend.set_password(SERVICE, f"{scope}:remote", entry)
+    store = TokenStore(tmp_path / "oauth-tokens.json", "keyring")
+    entries = store.read()
+    assert all(isinstance(value, dict) for value in entries.values())
+    assert isinstance(store.entry("remote", "https://x.example/mcp"), dict)
+    store.update("remote", "https://x.example/mcp", tokens={"access_token": "a"})  # and it heals
+    assert store.entry("remote", "https://x.example/mcp")["tokens"] == {"access_token": "a"}
+    assert store.remove("remote") and store.read() == {}

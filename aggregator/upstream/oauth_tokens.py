@@ -87,16 +87,23 @@ class _Keyring:
         self.backend = backend
         self.scope = scope
 
+    def _get(self, key: str) -> Any:
+        """The JSON stored under `key`, or None (absent or unreadable: treated as signed out)."""
+        raw = self.backend.get_password(KEYRING_SERVICE, key)
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:
+            log.warning("keyring entry unreadable; treating it as signed out")
+            return None
+
     def _names(self) -> list[str]:
-        index = self.backend.get_password(KEYRING_SERVICE, self.scope)
-        names = json.loads(index) if index else []
+        names = self._get(self.scope)
         return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 
     def load(self) -> Entries:
         entries: Entries = {}
         for name in self._names():
-            raw = self.backend.get_password(KEYRING_SERVICE, f"{self.scope}:{name}")
-            entry = json.loads(raw) if raw else None
+            entry = self._get(f"{self.scope}:{name}")
             if isinstance(entry, dict):
                 entries[name] = entry
         return entries
