@@ -44,7 +44,8 @@ async def offer_sign_in(pool: UpstreamPool, fault: SignInNeeded, origin: Any) ->
     """Raise -32042 with the sign-in link for the client of `origin`, or the `Fault` to answer it with;
     `RETRY` if no sign-in is needed after all. Waits for the authorization URL, never for the user."""
     connection = client_connection(getattr(origin, "session", None))
-    if not opens_links(connection):
+    config = pool.connection(fault.upstream).config
+    if not opens_links(connection) or config.auth not in (None, "oauth"):  # only a browser sign-in has a link
         raise fault
     assert isinstance(connection, Connection)
 
@@ -54,7 +55,7 @@ async def offer_sign_in(pool: UpstreamPool, fault: SignInNeeded, origin: Any) ->
         except Exception as exc:  # the client went away meanwhile: the sign-in still stands
             log.debug("elicitation completion not delivered", upstream=fault.upstream, error=str(exc)[:200])
 
-    offer = await pool.sign_ins.offer(pool.connection(fault.upstream).config, connection, done)
+    offer = await pool.sign_ins.offer(config, connection, done)
     if isinstance(offer, str):
         raise Fault("upstream_unavailable", f"{fault.message} ({offer})")
     if offer.url is None:
