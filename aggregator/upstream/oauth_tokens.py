@@ -307,7 +307,10 @@ class StoredTokens(TokenStorage):
     """The SDK's `TokenStorage` over one upstream's entry of the `TokenStore`.
 
     `expires_in` is stored as an absolute `expires_at` and handed back as the seconds left, so a
-    token loaded later keeps its expiry. A configured client (client_id) is never written.
+    token loaded later keeps its expiry. A configured client (client_id) is never written. Tokens
+    are written together with the client they were issued to: two sign-ins at once (two serving
+    processes, or `auth login` beside a link offered to a client) may register two clients, and
+    the entry must never pair one's tokens with the other's registration.
     """
 
     def __init__(
@@ -317,6 +320,7 @@ class StoredTokens(TokenStorage):
         self._name = name
         self._url = url
         self._client = client
+        self._used: OAuthClientInformationFull | None = None  # the registered client this provider uses
 
     async def get_tokens(self) -> OAuthToken | None:
         entry = self._store.entry(self._name, self._url)
@@ -330,8 +334,13 @@ class StoredTokens(TokenStorage):
 
     async def set_tokens(self, tokens: OAuthToken) -> None:
         expires_at = time.time() + int(tokens.expires_in) if tokens.expires_in is not None else None
+        issued_to = {"client": self._used.model_dump(mode="json", exclude_none=True)} if self._used else {}
         self._store.update(
-            self._name, self._url, tokens=tokens.model_dump(mode="json", exclude_none=True), expires_at=expires_at
+            self._name,
+            self._url,
+            tokens=tokens.model_dump(mode="json", exclude_none=True),
+            expires_at=expires_at,
+            **issued_to,
         )
 
     async def get_client_info(self) -> OAuthClientInformationFull | None:
@@ -339,10 +348,12 @@ class StoredTokens(TokenStorage):
             return self._client
         entry = self._store.entry(self._name, self._url)
         try:
-            return OAuthClientInformationFull.model_validate(entry["client"]) if "client" in entry else None
+            self._used = OAuthClientInformationFull.model_validate(entry["client"]) if "client" in entry else None
         except ValidationError:
-            return None
+            self._used = None
+        return self._used
 
     async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
         if self._client is None:
+            self._used = client_info
             self._store.update(self._name, self._url, client=client_info.model_dump(mode="json", exclude_none=True))
