@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 import anyio
 import mcp.types as types
 import pytest
-from mcp import ClientSession
+from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
@@ -136,7 +136,8 @@ async def test_a_client_without_the_capability_gets_the_command(
 
 
 @asynccontextmanager
-async def http_clients(config: Path, env: dict[str, str], *hosts: Host) -> AsyncIterator[list[ClientSession]]:
+async def http_clients(config: Path, env: dict[str, str], *hosts: Host) -> AsyncIterator[tuple[str, list[Any]]]:
+    """(the URL of a real HTTP aggregator, a handshake-era session to it for each host)."""
     with http_aggregator(config, env=env) as url:
         async with AsyncExitStack() as stack:
             sessions = []
@@ -146,7 +147,7 @@ async def http_clients(config: Path, env: dict[str, str], *hosts: Host) -> Async
                 session = await stack.enter_async_context(ClientSession(read, write, **host.session_args()))
                 await session.initialize()
                 sessions.append(session)
-            yield sessions
+            yield url, sessions
 
 
 async def test_several_clients_the_link_and_its_completion_reach_only_the_client_offered_them(
@@ -155,14 +156,17 @@ async def test_several_clients_the_link_and_its_completion_reach_only_the_client
 ) -> None:
     config, env = remote(tmp_path, server)
     a, b, c = Host(), Host(), Host(opens_links=False)
-    async with http_clients(config, env, a, b, c) as (client_a, client_b, client_c):
+    async with http_clients(config, env, a, b, c) as (url, (client_a, client_b, client_c)):
         with anyio.fail_after(WAIT):
             link = await link_of(client_a, "catalog_call_tool", call())
             busy = await client_b.call_tool("catalog_call_tool", call())  # another client: no link of A's
             plain = await client_c.call_tool("catalog_call_tool", call())
+            async with Client(url, mode="auto", elicitation_callback=Host().elicitation) as modern:  # 2026-07-28
+                later = await modern.call_tool("catalog_call_tool", call())  # no channel for the completion
         assert busy.is_error and "under way in another client" in text(busy) and "auth login remote" in text(busy)
         assert plain.is_error and "aggregator auth login remote" in text(plain)
-        assert link["url"] not in text(busy) + text(plain)
+        assert later.is_error and "aggregator auth login remote" in text(later)
+        assert link["url"] not in text(busy) + text(plain) + text(later)
 
         await open_link(link["url"])
         with anyio.fail_after(WAIT):
