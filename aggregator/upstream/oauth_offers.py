@@ -108,6 +108,7 @@ class SignInOffers:
             offer.scope.deadline = anyio.current_time() + self.timeout
             offer.known.set()
 
+        before = self._tokens(config)
         offer.scope.deadline = anyio.current_time() + config.timeouts.connect
         try:
             with offer.scope:
@@ -119,6 +120,8 @@ class SignInOffers:
         except Exception as exc:
             leaves = list(leaf_exceptions(exc)) or [exc]
             offer.error = describe_auth_error(leaves[0]) or f"{type(leaves[0]).__name__}: {leaves[0]}"[:300]
+            # the tokens came and only the handshake after them failed: signed in all the same
+            offer.signed_in = offer.url is not None and self._tokens(config) not in (None, before)
         finally:
             if self._offers.get(offer.upstream) is offer:
                 del self._offers[offer.upstream]
@@ -129,8 +132,18 @@ class SignInOffers:
         if offer.url is None:
             return  # the stored tokens served: nobody was asked, nobody is told
         log.info("signed in through the client", upstream=offer.upstream)
-        await self._on_signed_in(offer.upstream)
+        try:
+            await self._on_signed_in(offer.upstream)
+        except Exception as exc:  # a task of the pool must never fail: the start's error is in its status
+            log.warning("upstream did not start after its sign-in", upstream=offer.upstream, error=type(exc).__name__)
         await done(offer.elicitation_id)
+
+    def _tokens(self, config: UpstreamConfig) -> Any:
+        """The upstream's stored tokens (to tell whether a sign-in stored new ones); None if unreadable."""
+        try:
+            return self._authenticator.store.entry(config.name, config.url).get("tokens")
+        except Exception:  # e.g. the chosen keyring is unusable: the sign-in itself will say so
+            return None
 
     @staticmethod
     async def _handshake(config: UpstreamConfig, auth: Any) -> None:
