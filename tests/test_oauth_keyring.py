@@ -136,3 +136,20 @@ def test_whatever_the_keyring_holds_reads_as_entries_or_signed_out(
     store.update("remote", "https://x.example/mcp", tokens={"access_token": "a"})  # and it heals
     assert store.entry("remote", "https://x.example/mcp")["tokens"] == {"access_token": "a"}
     assert store.remove("remote") and store.read() == {}
+
+
+async def test_an_unusable_chosen_keyring_is_a_clear_upstream_error_never_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aggregator.config import parse_config
+    from aggregator.faults import Fault, SignInNeeded
+    from aggregator.upstream.pool import UpstreamPool
+
+    monkeypatch.setenv("AGGREGATOR_TOKEN_STORE", "keyring")  # and keyring's fail backend (tests/conftest.py)
+    config = parse_config(json.dumps({"upstreams": {"r": {"url": "http://127.0.0.1:1/mcp"}}}), "c.yaml", environ={})
+    async with UpstreamPool.running(config, tmp_path / "data") as pool:
+        for _ in range(2):
+            with pytest.raises(Fault) as refused:
+                await pool.call_tool("r", "t", {})
+            assert not isinstance(refused.value, SignInNeeded)
+            assert "AGGREGATOR_TOKEN_STORE=keyring, but no usable keyring backend" in refused.value.message
