@@ -38,5 +38,14 @@ class Fault(Exception):
         return {"error": {"kind": self.kind, "reason": self.reason, "message": self.message}}
 
 
+class SignInNeeded(Fault):
+    """`upstream_unavailable` because `upstream` needs an OAuth sign-in: the server may offer the sign-in
+    link to a client that can open one (URL-mode elicitation) instead of answering with the message."""
+
+    def __init__(self, upstream: str, message: str) -> None:
+        super().__init__("upstream_unavailable", message)
+        self.upstream = upstream
+
+
 def invalid_argument(message: str) -> Fault:
     return Fault("invalid_argument", message)

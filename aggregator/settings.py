@@ -7,6 +7,7 @@ process behaves. Command-line flags, where the CLI has them, win over these.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import platformdirs
 from pydantic import Field, SecretStr, ValidationError, field_validator
@@ -40,6 +41,7 @@ class Settings(BaseSettings):
     http_body_timeout: float = Field(default=30.0, gt=0)  # to receive a request's body once its headers came
     search_max_k: int = Field(default=1000, ge=1)  # search_index's largest k
     browser: str | None = None  # a command that receives an OAuth sign-in URL (tests, scripted setups)
+    token_store: Literal["auto", "file", "keyring"] = "auto"  # where OAuth tokens are kept (docs/oauth.md)
     service_idle_seconds: float = Field(default=300.0, ge=0)  # after the last client leaves; 0: never stop
 
     @field_validator("log_level")

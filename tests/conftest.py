@@ -227,6 +227,7 @@ def private_user_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
     with pytest.MonkeyPatch.context() as patch:
         for variable, name in (("XDG_DATA_HOME", "data"), ("XDG_CONFIG_HOME", "config"), ("XDG_CACHE_HOME", "cache")):
             patch.setenv(variable, str(root / name))
+        patch.setenv("PYTHON_KEYRING_BACKEND", "keyring.backends.fail.Keyring")  # nor into their keyring
         yield root
 
 

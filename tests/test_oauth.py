@@ -346,6 +346,22 @@ async def test_while_serving_a_needed_sign_in_fails_at_once_and_a_login_elsewher
     assert secret not in (tmp_path / "serve.err").read_text()
 
 
+async def test_tokens_are_stored_with_the_client_they_were_issued_to_when_two_sign_ins_race() -> None:
+    from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+
+    from aggregator.upstream.oauth_tokens import StoredTokens, TokenStore
+
+    store, url = TokenStore(None), "http://127.0.0.1:1/mcp"
+    first, second = StoredTokens(store, "r", url, None), StoredTokens(store, "r", url, None)
+    assert await first.get_client_info() is None and await second.get_client_info() is None
+    await first.set_client_info(OAuthClientInformationFull(client_id="first", redirect_uris=None))
+    await second.set_client_info(OAuthClientInformationFull(client_id="second", redirect_uris=None))
+    await first.set_tokens(OAuthToken(access_token="issued-to-first", refresh_token="r1"))  # first finishes last
+    entry = store.entry("r", url)
+    assert (entry["client"]["client_id"], entry["tokens"]["refresh_token"]) == ("first", "r1")
+    assert (await StoredTokens(store, "r", url, None).get_client_info()).client_id == "first"  # type: ignore[union-attr]
+
+
 async def test_a_sign_in_refused_while_serving_remembers_its_scopes_for_the_next_login() -> None:
     from aggregator.config import UpstreamConfig
     from aggregator.upstream.oauth_providers import Authenticator

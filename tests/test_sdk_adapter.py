@@ -193,6 +193,31 @@ async def test_oauth_provider_refreshes_a_token_the_server_refuses_before_asking
     )
 
 
+async def test_oauth_provider_takes_tokens_stored_meanwhile_before_refreshing() -> None:
+    import httpx2
+    from mcp.shared.auth import OAuthToken
+
+    seen: list[str] = []
+    accepted = {"Bearer old"}
+
+    def handle(request: httpx2.Request) -> httpx2.Response:
+        seen.append(f"{request.method} {request.url.path} {request.headers.get('authorization', '-')}")
+        return httpx2.Response(200 if request.headers.get("authorization") in accepted else 401)
+
+    storage = _signed_in(expires_in=3600)
+    provider = _provider(storage)
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(handle)) as client:
+        assert (await client.get("http://rs.test/mcp", auth=provider)).status_code == 200
+        storage.tokens = OAuthToken(access_token="newer", refresh_token="r2", expires_in=3600)  # a sign-in elsewhere
+        accepted = {"Bearer newer"}  # ... after which the server refuses the old token
+        response = await client.get("http://rs.test/mcp", auth=provider)
+    assert response.status_code == 200
+    assert seen == ["GET /mcp Bearer old", "GET /mcp Bearer old", "GET /mcp Bearer newer"], (
+        "OAuthClientProvider.context changed"
+    )
+    assert provider.context.current_tokens is not None and provider.context.current_tokens.refresh_token == "r2"
+
+
 async def test_oauth_provider_adds_the_configured_scopes_to_the_challenged_ones() -> None:
     from urllib.parse import parse_qs, urlsplit
 

@@ -22,7 +22,7 @@ from aggregator.settings import Settings, resolve_data_dir
 from aggregator.table import render_table
 from aggregator.upstream.oauth_providers import Authenticator, uses_oauth
 from aggregator.upstream.oauth_signin import CALLBACK_TIMEOUT_SECONDS
-from aggregator.upstream.oauth_tokens import TokenStore
+from aggregator.upstream.oauth_tokens import TokenStore, TokenStoreError
 from aggregator.upstream.pool import UpstreamPool
 
 __all__ = ["register", "sign_in_state"]
@@ -82,7 +82,11 @@ async def _login(args: argparse.Namespace, config: AggregatorConfig, settings: S
         return EXIT_USAGE
     data_dir = resolve_data_dir(getattr(args, "data_dir", None), settings)
     store = TokenStore.in_data_dir(data_dir)
-    store.update(upstream.name, upstream.url, tokens=None, expires_at=None)  # a fresh sign-in, not the old token
+    try:
+        store.update(upstream.name, upstream.url, tokens=None, expires_at=None)  # a fresh sign-in, not the old token
+    except TokenStoreError as exc:
+        print(f"aggregator: cannot keep tokens: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     patient = upstream.timeouts.model_copy(update={"connect": CALLBACK_TIMEOUT_SECONDS + upstream.timeouts.connect})
     one = config.model_copy(update={"upstreams": {upstream.name: upstream.model_copy(update={"timeouts": patient})}})
     authenticator = Authenticator(store, interactive=True, browser=settings.browser)
@@ -110,6 +114,7 @@ async def _status(args: argparse.Namespace, config: AggregatorConfig, settings: 
         return 0
     table = [[r["name"], r["auth"], r["state"], _expiry_text(r["expires_in"]), r["scopes"] or "-"] for r in rows]
     print(render_table(["NAME", "AUTH", "STATE", "EXPIRES", "SCOPES"], table))
+    print(f"tokens are kept in: {rows[0]['store']}")
     return 0
 
 
@@ -123,8 +128,12 @@ async def _logout(args: argparse.Namespace, config: AggregatorConfig, settings: 
 
 
 def sign_in_state(store: TokenStore, upstream: UpstreamConfig) -> dict[str, Any]:
-    """Name, auth kind, state (signed in / expired / signed out), seconds left, scopes: never a token."""
-    entry = store.entry(upstream.name, upstream.url)
+    """Name, auth kind, state (signed in / expired / signed out), seconds left, scopes, and which store
+    holds the tokens: never a token."""
+    try:
+        entry = store.entry(upstream.name, upstream.url)
+    except TokenStoreError:
+        entry = {}
     tokens = entry.get("tokens") or {}
     expires_at = entry.get("expires_at")
     left = round(expires_at - time.time()) if isinstance(expires_at, int | float) else None
@@ -140,6 +149,7 @@ def sign_in_state(store: TokenStore, upstream: UpstreamConfig) -> dict[str, Any]
         "state": state,
         "expires_in": left,
         "scopes": redact_text(str(tokens.get("scope") or "")),
+        "store": store.where(),
     }
 
 

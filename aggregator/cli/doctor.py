@@ -160,11 +160,13 @@ def _strings(value: Any) -> Iterator[str]:
 async def check_upstreams(
     config: AggregatorConfig, findings: list[Finding], *, probe: bool, data_dir: Path | None = None
 ) -> None:
-    from aggregator.upstream.oauth_providers import Authenticator
+    from aggregator.upstream.oauth_providers import Authenticator, uses_oauth
     from aggregator.upstream.oauth_tokens import TokenStore
     from aggregator.upstream.pool import UpstreamPool
 
     store = TokenStore.in_data_dir(data_dir) if data_dir is not None else TokenStore(None)
+    if any(uses_oauth(upstream) for upstream in config.upstreams.values()):
+        findings.append(Finding("note", "OAuth tokens", f"kept in {store.where()}"))
     reachable: dict[str, UpstreamConfig] = {}
     for name, upstream in config.upstreams.items():
         problem = _command_problem(upstream) if upstream.transport == "stdio" else await _url_problem(upstream)

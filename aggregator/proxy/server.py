@@ -35,12 +35,13 @@ from aggregator.catalog.caps import capped_text
 from aggregator.catalog.model import Catalog
 from aggregator.catalog.search import ToolSearchIndex
 from aggregator.config import AggregatorConfig, ConfigError
-from aggregator.faults import Fault
+from aggregator.faults import Fault, SignInNeeded
 from aggregator.log import get_logger, redact_text
 from aggregator.proxy.exposure import Clash, DirectTool, build_direct_tools, log_clashes, name_prefixes
 from aggregator.proxy.passthrough import Passthrough, for_era, passthrough_meta
 from aggregator.proxy.relay import Clients
 from aggregator.proxy.routing import build_prompt_table
+from aggregator.proxy.sign_in import RETRY, offer_sign_in
 from aggregator.sdk import without_tracing
 from aggregator.tools.base import OwnTool, ToolContext, fault_result, text_result
 from aggregator.tools.catalog import CatalogTools
@@ -359,6 +360,18 @@ class AggregatorServer:
     # ------------------------------------------------------------ tools/call
 
     async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
+        """Run the call; one that needs an upstream's sign-in offers the client the link (`proxy/sign_in.py`)."""
+        try:
+            return await self._run_tool(ctx, params)
+        except SignInNeeded as needed:
+            try:
+                if await offer_sign_in(self.pool, needed, ctx) is RETRY:
+                    return await self._run_tool(ctx, params)
+            except Fault as fault:
+                return fault_result(fault)
+            return fault_result(needed)
+
+    async def _run_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
         name = params.name
         arguments: Mapping[str, Any] = params.arguments or {}
         tool_ctx = ToolContext(report_progress=ctx.session.report_progress, extra=passthrough_meta(ctx), origin=ctx)
@@ -373,6 +386,8 @@ class AggregatorServer:
                 )
                 return _call_result(result, ctx.protocol_version)
             return fault_result(Fault("unknown_tool", f"no tool named {name!r}; use catalog_search_tools"))
+        except SignInNeeded:
+            raise
         except Fault as fault:
             return fault_result(fault)
         except Exception as exc:

@@ -4,9 +4,10 @@
 `_initialize`, `_auth_flow` and `_perform_authorization` of `mcp.client.auth.OAuthClientProvider`:
 a token loaded from storage keeps its expiry (the SDK forgets it, so a stored token would never be
 refreshed before the server refuses it), a token close to expiry and a token the server answers 401
-to are refreshed before a new sign-in is asked for, and configured scopes join the scopes the server
-asks for. A module of its own because subclassing needs the SDK at import, and `aggregator.sdk`
-imports none (its start-up rule); only HTTP upstreams with `auth:` import this.
+to are refreshed before a new sign-in is asked for (a 401 first looks for tokens another sign-in
+stored meanwhile), and configured scopes join the scopes the server asks for. A module of its own
+because subclassing needs the SDK at import, and `aggregator.sdk` imports none (its start-up rule);
+only HTTP upstreams with `auth:` import this.
 """
 
 from __future__ import annotations
@@ -55,24 +56,36 @@ class _TokenLifetime(OAuthClientProvider):
         may_refresh = True
         while True:
             flow = super()._auth_flow(request)
+            adopted = False
             try:
                 outgoing = await flow.__anext__()
                 while True:
                     response = yield outgoing
-                    if (
-                        may_refresh
-                        and outgoing is request
-                        and response.status_code == 401
-                        and self.context.can_refresh_token()
-                    ):
-                        break  # the server refused a token we can refresh: refresh, then ask again
+                    if may_refresh and outgoing is request and response.status_code == 401:
+                        adopted = await self._adopt_stored_tokens()
+                        if adopted or self.context.can_refresh_token():
+                            break  # refused: try the tokens stored meanwhile, else refresh; then ask again
                     outgoing = await flow.asend(response)
             except StopAsyncIteration:
                 return
             finally:
                 await flow.aclose()
             may_refresh = False
-            self._expire_soon()
+            if not adopted:
+                self._expire_soon()
+
+    async def _adopt_stored_tokens(self) -> bool:
+        """Take the tokens (and client) in storage if they are not the ones held: a sign-in elsewhere
+        (`auth login`, or one offered to a client while serving) stored them after this provider loaded."""
+        stored = await self.context.storage.get_tokens()
+        held = self.context.current_tokens
+        if stored is None or (held is not None and stored.access_token == held.access_token):
+            return False
+        self.context.current_tokens = stored
+        self.context.client_info = await self.context.storage.get_client_info() or self.context.client_info
+        if stored.expires_in is not None:
+            self.context.update_token_expiry(stored)
+        return True
 
 
 class OAuthProvider(_TokenLifetime, OAuthClientProvider):

@@ -15,7 +15,7 @@ from aggregator.catalog.caps import cap_list, capped_text, json_size
 from aggregator.catalog.model import Catalog, ToolEntry
 from aggregator.catalog.search import ToolSearchIndex
 from aggregator.catalog.symbols import classify_tool
-from aggregator.faults import Fault, invalid_argument
+from aggregator.faults import Fault, SignInNeeded, invalid_argument
 from aggregator.tools.base import (
     READ_ONLY,
     OwnTool,
@@ -205,6 +205,8 @@ class CatalogTools:
             return await self.pool.call_tool(
                 tool.server, tool.name, args, ctx.report_progress, extra=ctx.extra, origin=ctx.origin
             )
+        except SignInNeeded:
+            raise  # the server may offer the client the sign-in
         except Fault as fault:
             return fault_result(fault)
 
@@ -262,6 +264,8 @@ def _guarded(
         try:
             result: types.CallToolResult = await handler(arguments, ctx)
             return result
+        except SignInNeeded:
+            raise  # the server may offer the client the sign-in
         except Fault as fault:
             return fault_result(fault)
 

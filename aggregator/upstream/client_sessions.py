@@ -25,11 +25,15 @@ import anyio
 import anyio.abc
 from mcp import ClientSession
 
-from aggregator.faults import Fault
+from aggregator.faults import Fault, SignInNeeded
 from aggregator.log import get_logger, redact_text
+from aggregator.upstream.oauth_signin import SignInRequired, describe_auth_error
+from aggregator.upstream.start_errors import leaf_exceptions
 from aggregator.upstream.transports import TransportHandle
 
 log = get_logger(__name__)
+
+LOST_SETTLE_SECONDS = 1.0  # how long a lost session's end is awaited to learn why it ended
 
 Opener = Callable[[Any], AbstractAsyncContextManager[tuple[ClientSession, TransportHandle]]]
 """Opens (transport, handshake) the session of one client; closing it ends that session."""
@@ -44,7 +48,9 @@ class _ClientRun:
     session: ClientSession | None = None
     handle: TransportHandle | None = None
     error: str | None = None
+    sign_in: bool = False  # it failed for want of an OAuth sign-in
     ended: bool = False
+    finished: anyio.Event = field(default_factory=anyio.Event)  # its owner task is done
 
 
 class ClientSessions:
@@ -70,7 +76,8 @@ class ClientSessions:
             self._tg.start_soon(self._own, run, name=f"upstream-{self.upstream}-client")
         await run.done.wait()
         if run.session is None or run.handle is None:
-            raise Fault("upstream_unavailable", f"upstream {self.upstream!r} could not start a session: {run.error}")
+            message = f"upstream {self.upstream!r} could not start a session: {run.error}"
+            raise SignInNeeded(self.upstream, message) if run.sign_in else Fault("upstream_unavailable", message)
         return run.session, run.handle
 
     def get(self, client: Any) -> ClientSession | None:
@@ -82,11 +89,18 @@ class ClientSessions:
         """The sessions open now."""
         return [run.session for run in list(self._runs.values()) if run.session is not None]
 
-    def lost(self, client: Any, handle: TransportHandle) -> None:
-        """The session's transport ended during a request: the client's next request opens a new one."""
+    async def lost(self, client: Any, handle: TransportHandle) -> str | None:
+        """The session's transport ended during a request: the client's next request opens a new one.
+
+        Returns the sign-in-needed message if that is why it ended (its token refused, no refresh).
+        """
         run = self._runs.get(id(client))
-        if run is not None and run.handle is handle:
-            self._end(run)
+        if run is None or run.handle is not handle:
+            return None
+        self._end(run)
+        with anyio.move_on_after(LOST_SETTLE_SECONDS):
+            await run.finished.wait()
+        return run.error if run.sign_in else None
 
     def close(self, client: Any) -> None:
         """The client disconnected: end its session (and its process, for stdio)."""
@@ -131,12 +145,15 @@ class ClientSessions:
             if run.scope.cancelled_caught and not run.done.is_set():
                 run.error = f"no handshake within {self._connect_timeout:g}s"
         except Exception as exc:
-            run.error = redact_text(f"{type(exc).__name__}: {exc}")[:500]
+            first = next(iter(leaf_exceptions(exc)), exc)
+            run.sign_in = isinstance(first, SignInRequired)
+            run.error = redact_text(describe_auth_error(first) or f"{type(first).__name__}: {first}")[:500]
             log.warning("client session failed", upstream=self.upstream, error=run.error)
         finally:
             self.live -= 1
             run.session = None
             run.ended = True
             run.done.set()
+            run.finished.set()
             if self._runs.get(id(run.client)) is run:
                 del self._runs[id(run.client)]

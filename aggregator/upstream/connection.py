@@ -33,7 +33,7 @@ from aggregator import __version__
 from aggregator.catalog.model import Catalog
 from aggregator.catalog.store import CatalogStore
 from aggregator.config import UpstreamConfig
-from aggregator.faults import Fault
+from aggregator.faults import Fault, SignInNeeded
 from aggregator.log import get_logger, redact_text
 from aggregator.sdk import ProgressFn, raw_notify, raw_request
 from aggregator.upstream.catalog_listing import catalog_contents, list_catalog
@@ -92,6 +92,7 @@ class UpstreamConnection:
         self._tg = task_group
         self.state = State.CONFIGURED
         self.last_error: str | None = None
+        self.needs_sign_in = False  # the last start failed for want of an OAuth sign-in
         self.handshake_seconds: float | None = None
         self.server_info: types.Implementation | None = None
         self.server_capabilities: types.ServerCapabilities | None = None
@@ -148,7 +149,8 @@ class UpstreamConnection:
         await run.done.wait()
         if self.state is State.READY and run.session is not None:
             return run.session
-        raise Fault("upstream_unavailable", f"upstream {self.name!r} could not start: {self.last_error}")
+        message = f"upstream {self.name!r} could not start: {self.last_error}"
+        raise SignInNeeded(self.name, message) if self.needs_sign_in else Fault("upstream_unavailable", message)
 
     async def ensure_catalog(self) -> Catalog:
         await self.ensure_ready()
@@ -164,6 +166,7 @@ class UpstreamConnection:
         bounds the whole start, transport included, and is lifted once ready.
         """
         started = time.monotonic()
+        self.needs_sign_in = False
         try:
             run.scope.deadline = anyio.current_time() + self.config.timeouts.connect
             with run.scope:
@@ -198,6 +201,7 @@ class UpstreamConnection:
         except Exception as exc:
             # A sign-in is not a crash: once the user has signed in, the next need starts it at once.
             at_once = any(isinstance(leaf, SignInRequired) for leaf in leaf_exceptions(exc))
+            self.needs_sign_in = at_once
             what = describe_start_error(exc, self.config)
             self._failed(run, self._exit_reason(what, exited=not what.startswith("no handshake")), backoff=not at_once)
         finally:
@@ -498,7 +502,9 @@ class UpstreamConnection:
             except MCPError as exc:
                 lost = exc.code == CONNECTION_CLOSED or (handle is not None and handle.closed.is_set())
                 if lost and client is not None and handle is not None:
-                    self.clients.lost(client, handle)  # the client's own session: the shared one is fine
+                    # the client's own session: the shared one is fine
+                    if (needed := await self.clients.lost(client, handle)) is not None:
+                        raise SignInNeeded(self.name, f"upstream {self.name!r}: {needed}") from None
                     raise Fault(
                         "upstream_error",
                         f"upstream {self.name!r}: the client's own session ended during the request "

@@ -12,6 +12,7 @@ is ours:
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -65,7 +66,11 @@ class Authenticator:
     interactive: bool = False
     browser: str | None = None
 
-    def auth_for(self, config: UpstreamConfig) -> httpx2.Auth | None:
+    def auth_for(
+        self, config: UpstreamConfig, offer: Callable[[str], Awaitable[None]] | None = None
+    ) -> httpx2.Auth | None:
+        """The upstream's provider; `offer`: a sign-in offered while serving, which hands the
+        authorization URL to `offer` instead of a browser (`BrowserStep.offer`)."""
         if not uses_oauth(config):
             return None
         from aggregator.sdk.oauth import OAuthProvider
@@ -80,12 +85,14 @@ class Authenticator:
         if config.auth == "client_credentials":
             provider = _client_credentials(config, storage, scope)
         else:
+            interactive = self.interactive or offer is not None
             step = BrowserStep(
                 config.name,
-                self._redirect_port(config),
-                self.interactive,
+                self._redirect_port(config, interactive),
+                interactive,
                 self.browser,
                 refused=lambda url: self._remember_scope(config, url),
+                offer=offer,
             )
             provider = OAuthProvider(
                 server_url=config.url,
@@ -112,14 +119,14 @@ class Authenticator:
             before = wanted if isinstance(wanted, str) else None
             self.store.update(config.name, config.url, wanted_scope=union_scopes(before, scope[0]))
 
-    def _redirect_port(self, config: UpstreamConfig) -> int:
+    def _redirect_port(self, config: UpstreamConfig, interactive: bool) -> int:
         """The port the registered client's redirect URI names, so one registration serves every sign-in;
         a free one when there is no registration yet (or, signing in, its port is taken: then the
         registration is dropped and made anew)."""
         entry = self.store.entry(config.name, config.url)
         uris = (entry.get("client") or {}).get("redirect_uris") or [""]
         port = urlsplit(str(uris[0])).port
-        if port is not None and (not self.interactive or port_is_free(port)):
+        if port is not None and (not interactive or port_is_free(port)):
             return port
         if port is not None and config.client_id is None:
             self.store.update(config.name, config.url, client=None)

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import webbrowser
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
 
 import anyio
@@ -94,6 +94,8 @@ class BrowserStep:
 
     `interactive` False (serving): the redirect handler raises `SignInRequired` at once, after
     `refused(url)` has seen the authorization URL it would have opened (its scopes matter).
+    `offer` (a sign-in offered to a client while serving, `oauth_offers.py`): receives the URL
+    instead of a browser, once the listener is up.
     """
 
     def __init__(
@@ -103,8 +105,10 @@ class BrowserStep:
         interactive: bool,
         browser: str | None,
         refused: Callable[[str], None] = lambda url: None,
+        offer: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.name = name
+        self.offer = offer
         self.port = port
         self.interactive = interactive
         self.browser = browser
@@ -129,6 +133,9 @@ class BrowserStep:
         listener = listeners.listeners[0]
         assert isinstance(listener, anyio.abc.SocketListener)
         self._listener = listener
+        if self.offer is not None:
+            await self.offer(url)
+            return
         print(f"Sign in to {self.name!r} by opening this URL in a browser:\n{url}", file=sys.stderr, flush=True)
         try:
             self._browser = await open_browser(url, self.browser)

@@ -30,6 +30,7 @@ from aggregator.log import get_logger, register_secrets
 from aggregator.sdk import ProgressFn
 from aggregator.suggest import closest
 from aggregator.upstream.connection import State, UpstreamConnection
+from aggregator.upstream.oauth_offers import SignInOffers
 from aggregator.upstream.oauth_providers import Authenticator
 from aggregator.upstream.oauth_tokens import TokenStore
 from aggregator.upstream.pool_snapshots import SnapshotKeeper
@@ -113,6 +114,7 @@ class UpstreamPool:
         }
         self._by_folded = {name.casefold(): name for name in self._connections}
         self._tg = task_group
+        self.sign_ins = SignInOffers(self.authenticator, task_group, lambda name: self.start_all([name]))
         self._busy: dict[UpstreamConnection, int] = {}  # calls in flight, so a replaced upstream can finish them
         self._retiring: set[UpstreamConnection] = set()
         self._reconfigure_listeners: list[Callable[[ConfigDiff], None]] = []
@@ -241,7 +243,9 @@ class UpstreamPool:
         return result
 
     def client_gone(self, client: Any) -> None:
-        """A downstream client disconnected: end the upstream sessions it had of its own (docs/isolation.md)."""
+        """A downstream client disconnected: end the upstream sessions it had of its own (docs/isolation.md),
+        and the sign-ins offered to it."""
+        self.sign_ins.client_gone(client)
         for conn in [*self._connections.values(), *self._retiring]:
             conn.clients.close(client)
 

@@ -1,0 +1,68 @@
+"""A call that needs an upstream's OAuth sign-in: the link for a client that can open one.
+
+A client that declared `elicitation.url` (MCP 2025-11-25) gets the JSON-RPC error -32042
+(`UrlElicitationRequiredError`) carrying the authorization URL; once the user has signed in,
+`notifications/elicitation/complete` with the same `elicitationId` goes to that client alone, on
+its own connection, and the client retries. Every other client (no such capability, a 2026-07-28
+client, a client other than the one a sign-in under way was offered to) gets the fault that names
+`aggregator auth login NAME`. The sign-in itself is `upstream/oauth_offers.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mcp.types as types
+from mcp.server.connection import Connection
+from mcp.shared.exceptions import UrlElicitationRequiredError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from aggregator.faults import Fault, SignInNeeded
+from aggregator.log import get_logger
+from aggregator.sdk import client_connection
+from aggregator.upstream.pool import UpstreamPool
+
+__all__ = ["RETRY", "offer_sign_in"]
+
+log = get_logger(__name__)
+
+RETRY = object()
+"""`offer_sign_in`'s answer when the stored tokens serve after all: run the call again."""
+
+COMPLETE = "notifications/elicitation/complete"
+
+
+def opens_links(connection: Any) -> bool:
+    """A handshake-era client that declared URL-mode elicitation (it can be told of the completion later)."""
+    if not isinstance(connection, Connection) or connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        return False
+    caps = connection.client_capabilities
+    return caps is not None and caps.elicitation is not None and caps.elicitation.url is not None
+
+
+async def offer_sign_in(pool: UpstreamPool, fault: SignInNeeded, origin: Any) -> Any:
+    """Raise -32042 with the sign-in link for the client of `origin`, or the `Fault` to answer it with;
+    `RETRY` if no sign-in is needed after all. Waits for the authorization URL, never for the user."""
+    connection = client_connection(getattr(origin, "session", None))
+    config = pool.connection(fault.upstream).config
+    if not opens_links(connection) or config.auth not in (None, "oauth"):  # only a browser sign-in has a link
+        raise fault
+    assert isinstance(connection, Connection)
+
+    async def done(elicitation_id: str) -> None:
+        try:
+            await connection.notify(COMPLETE, {"elicitationId": elicitation_id})
+        except Exception as exc:  # the client went away meanwhile: the sign-in still stands
+            log.debug("elicitation completion not delivered", upstream=fault.upstream, error=str(exc)[:200])
+
+    offer = await pool.sign_ins.offer(config, connection, done)
+    if isinstance(offer, str):
+        raise Fault("upstream_unavailable", f"{fault.message} ({offer})")
+    if offer.url is None:
+        return RETRY
+    link = types.ElicitRequestURLParams(
+        message=f"Sign in to {fault.upstream!r} to use its tools; then retry.",
+        url=offer.url,
+        elicitation_id=offer.elicitation_id,
+    )
+    raise UrlElicitationRequiredError([link], f"sign-in to upstream {fault.upstream!r} needed: open the link")
