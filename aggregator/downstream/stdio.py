@@ -28,12 +28,13 @@ import fcntl
 import os
 import selectors
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 import mcp.types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -149,6 +150,20 @@ class InFlight:
             await self._changed.wait()
 
 
+class Lane(Protocol):
+    """One client's raw calls (`proxy/raw.py`): requests answered as bytes, without the SDK's runner."""
+
+    def accepts(self, message: types.JSONRPCRequest) -> bool: ...
+
+    def start(self, message: types.JSONRPCRequest, task_group: anyio.abc.TaskGroup) -> None: ...
+
+    def cancel(self, params: dict[str, Any] | None) -> bool: ...
+
+
+LaneFactory = Callable[[MemoryObjectSendStream[Any], Callable[[Any], None]], Lane]
+"""Makes a client's lane from its writer's stream and the callback that frees an answered request's slot."""
+
+
 @dataclass(slots=True)
 class Wire:
     """One client's descriptors, and whether the event loop can wait on each."""
@@ -161,7 +176,7 @@ class Wire:
 
 @asynccontextmanager
 async def stdio_streams(
-    limits: StdioLimits | None = None,
+    limits: StdioLimits | None = None, lanes: LaneFactory | None = None
 ) -> AsyncIterator[
     tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
 ]:
@@ -180,7 +195,7 @@ async def stdio_streams(
     os.dup2(2, 1)
     os.close(null)
     try:
-        async with wire_streams(wire, limits) as streams:
+        async with wire_streams(wire, limits, lanes=lanes) as streams:
             yield streams
     finally:
         for fd, saved, was_blocking in ((0, saved_in, blocking[0]), (1, saved_out, blocking[1])):
@@ -195,7 +210,7 @@ async def stdio_streams(
 
 @asynccontextmanager
 async def wire_streams(
-    wire: Wire, limits: StdioLimits, early: bytes = b""
+    wire: Wire, limits: StdioLimits, early: bytes = b"", lanes: LaneFactory | None = None
 ) -> AsyncIterator[
     tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
 ]:
@@ -203,6 +218,7 @@ async def wire_streams(
 
     The descriptors are made non-blocking where pollable and left open: whoever opened them closes them.
     `early` is what was already read from `fd_in` (a socket's first bytes, read to learn its kind).
+    `lanes`: the raw path's lane for this client (None: every request goes to the server).
     """
     if wire.poll_in:
         os.set_blocking(wire.fd_in, False)
@@ -214,7 +230,8 @@ async def wire_streams(
     writer_done = anyio.Event()
     async with anyio.create_task_group() as tg:
         reader = anyio.CancelScope()
-        tg.start_soon(_read_messages, wire, to_server, write.clone(), in_flight, limits, reader, early)
+        lane = lanes(write, in_flight.discard) if lanes is not None else None
+        tg.start_soon(_read_messages, wire, to_server, write.clone(), in_flight, limits, reader, early, lane)
         tg.start_soon(_write_messages, wire, from_server, in_flight, writer_done, reader)
         try:
             yield read, cast(MemoryObjectSendStream[SessionMessage], write)
@@ -252,12 +269,13 @@ async def _read_messages(
     limits: StdioLimits,
     scope: anyio.CancelScope,
     early: bytes = b"",
+    lane: Lane | None = None,
 ) -> None:
     """Newline-delimited JSON-RPC from stdin until EOF, then drain; refusals are answered here."""
     splitter = SkippingLineSplitter()
-    inbound = _Inbound(sink, replies, in_flight)
     with scope:
         async with sink, replies, anyio.create_task_group() as tg:
+            inbound = _Inbound(sink, replies, in_flight, lane, tg)
             tg.start_soon(inbound.forward)
             try:
                 while not in_flight.closed:
@@ -282,6 +300,9 @@ class _Inbound:
     Meanwhile notifications and responses (a client's answer to a sampling or
     elicitation request that a running tool call waits for) still go through, so
     a full session cannot deadlock on its own client's answers.
+
+    With a `lane`, a request it accepts runs there (in `task_group`) instead of in the
+    server, within the same bound, and a `notifications/cancelled` for it is the lane's.
     """
 
     def __init__(
@@ -289,8 +310,11 @@ class _Inbound:
         sink: MemoryObjectSendStream[SessionMessage | Exception],
         replies: MemoryObjectSendStream[SessionMessage | bytes],
         in_flight: InFlight,
+        lane: Lane | None = None,
+        task_group: anyio.abc.TaskGroup | None = None,
     ) -> None:
         self.sink, self.replies, self.in_flight = sink, replies, in_flight
+        self.lane, self.task_group = lane, task_group
         self.backlog, self._backlog_out = anyio.create_memory_object_stream[types.JSONRPCRequest](in_flight.limit)
         self._held: types.JSONRPCRequest | None = None  # taken from the backlog, waiting for room
         self._forwarding = anyio.CancelScope()
@@ -309,7 +333,8 @@ class _Inbound:
             return
         message = parsed.message
         if not isinstance(message, types.JSONRPCRequest):
-            await self.sink.send(parsed)
+            if not (self.lane is not None and _cancels(message) and self.lane.cancel(message.params)):  # type: ignore[union-attr]
+                await self.sink.send(parsed)
         elif self.in_flight.queued == 0 and self.in_flight.has_room():
             await self._submit(message)
         else:
@@ -318,7 +343,11 @@ class _Inbound:
 
     async def _submit(self, message: types.JSONRPCRequest) -> None:
         self.in_flight.add(message.id, message.method)
-        await self.sink.send(SessionMessage(message, metadata=_settle_metadata(self.in_flight, message.id)))
+        if self.lane is not None and self.task_group is not None and self.lane.accepts(message):
+            self.lane.start(message, self.task_group)
+            return
+        metadata = _settle_metadata(self.in_flight, message.id, self.lane)
+        await self.sink.send(SessionMessage(message, metadata=metadata))
 
     async def forward(self) -> None:
         """Hand backlogged requests to the server, in order, as room frees up."""
@@ -349,13 +378,20 @@ class _Inbound:
             await self.replies.send(error_line(message.id, SHUTTING_DOWN, reason))
 
 
-def _settle_metadata(in_flight: InFlight, request_id: Any) -> ServerMessageMetadata:
-    """Frees the request's slot if the server settles it without an answer (the client cancelled it)."""
+def _settle_metadata(in_flight: InFlight, request_id: Any, lane: Lane | None) -> ServerMessageMetadata:
+    """Frees the request's slot if the server settles it without an answer (the client cancelled it).
+
+    The lane rides along as the request's context: the server binds it to the client's connection.
+    """
 
     async def unanswered() -> None:
         in_flight.discard(request_id)
 
-    return ServerMessageMetadata(on_request_unanswered=unanswered)
+    return ServerMessageMetadata(on_request_unanswered=unanswered, request_context=lane)
+
+
+def _cancels(message: Any) -> bool:
+    return isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled"
 
 
 async def _write_messages(

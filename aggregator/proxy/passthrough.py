@@ -333,7 +333,12 @@ def passthrough_meta(ctx: ServerRequestContext[Any]) -> dict[str, Any]:
     2026-07-28 envelope keys (protocol version, client capabilities, …) describe
     the client's connection to us, not ours to the upstream.
     """
-    raw = (ctx.params or {}).get("_meta")
+    return forwarded_meta(ctx.params)
+
+
+def forwarded_meta(params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`passthrough_meta` of a request's raw params."""
+    raw = (params or {}).get("_meta")
     if not isinstance(raw, Mapping):
         return {}
     meta = {

@@ -36,6 +36,7 @@ from aggregator.log import get_logger, redact_text
 from aggregator.safetext import SurrogateEscapes
 from aggregator.sdk import HTTP_TIMEOUT_SECONDS, SSE_READ_TIMEOUT_SECONDS
 from aggregator.upstream.guard_client import open_guarded_process
+from aggregator.upstream.raw_calls import RawCalls
 from aggregator.upstream.server_messages import parse_upstream_line
 from aggregator.wire import LineSplitter, MessageTooLarge, encode, error_answer
 
@@ -117,6 +118,7 @@ class TransportHandle:
     pid: int | None = None
     overflow: bool = False  # the peer sent a message over `limit`
     limit: int = 0  # max_message_bytes of this upstream
+    raw: RawCalls | None = None  # stdio: requests that bypass the SDK session (`raw_calls.py`)
 
 
 @asynccontextmanager
@@ -320,13 +322,14 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
     os.close(err_write)
     stderr.feed(err_read)
     to_session, read = anyio.create_memory_object_stream[SessionMessage | Exception](64)
-    write, from_session = anyio.create_memory_object_stream[SessionMessage](64)
-    handle = TransportHandle(read, write, pid=process.pid, limit=config.max_message_bytes)
+    write, from_session = anyio.create_memory_object_stream[SessionMessage | bytes](64)
+    raw = RawCalls(write.clone(), to_session)
+    handle = TransportHandle(read, write, pid=process.pid, limit=config.max_message_bytes, raw=raw)  # type: ignore[arg-type]
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_read_stdout, process, to_session, handle)
-            tg.start_soon(_write_stdin, process, from_session, to_session, handle.closed)
-            tg.start_soon(_watch_exit, process, to_session, handle.closed)
+            tg.start_soon(_write_stdin, process, from_session, to_session, handle)
+            tg.start_soon(_watch_exit, process, to_session, handle)
             try:
                 yield handle
             finally:
@@ -334,6 +337,7 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
     finally:
         with anyio.CancelScope(shield=True):
             await _stop_process(process)
+            await raw.aclose()
             for stream in (to_session, read, write, from_session):
                 await stream.aclose()
 
@@ -366,48 +370,63 @@ async def _read_stdout(
 ) -> None:
     assert process.stdout is not None
     splitter = LineSplitter(handle.limit)
+    raw = handle.raw
     try:
         async for chunk in process.stdout:
             for line in splitter.feed(chunk):
-                if line.strip():
+                if line.strip() and not (raw is not None and await raw.claim(line)):
                     await to_session.send(parse_upstream_line(line))
+                    if raw is not None:
+                        raw.forwarded()
     except MessageTooLarge as exc:
         handle.overflow = True
         log.warning("upstream message too large; dropping the connection", error=str(exc))
     except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
         pass
     finally:
-        handle.closed.set()
+        _closed(handle)
         await to_session.aclose()  # the session sees the end and fails pending requests
 
 
+def _closed(handle: TransportHandle) -> None:
+    """The peer is gone: the connection notices, and raw requests fail as the session's do."""
+    handle.closed.set()
+    if handle.raw is not None:
+        handle.raw.close()
+
+
 async def _watch_exit(
-    process: anyio.abc.Process, to_session: MemoryObjectSendStream[SessionMessage | Exception], closed: anyio.Event
+    process: anyio.abc.Process, to_session: MemoryObjectSendStream[SessionMessage | Exception], handle: TransportHandle
 ) -> None:
     """End the connection when the child exits, even if a grandchild keeps its stdout open.
 
     Polls `returncode` (on asyncio, `wait()` also waits for pipe EOF, which such a
     grandchild never gives), then lets the reader drain what is already buffered.
     """
+    closed = handle.closed
     while process.returncode is None and not closed.is_set():
         await anyio.sleep(EXIT_POLL_SECONDS)
     if closed.is_set():
         return
     with anyio.move_on_after(0.5):
         await closed.wait()
-    closed.set()
+    _closed(handle)
     await to_session.aclose()
 
 
 async def _write_stdin(
     process: anyio.abc.Process,
-    from_session: MemoryObjectReceiveStream[SessionMessage],
+    from_session: MemoryObjectReceiveStream[SessionMessage | bytes],
     to_session: MemoryObjectSendStream[SessionMessage | Exception],
-    closed: anyio.Event,
+    handle: TransportHandle,
 ) -> None:
+    """The session's messages and the raw requests' lines (bytes, already encoded) to the upstream's stdin."""
     assert process.stdin is not None
     try:
         async for message in from_session:
+            if isinstance(message, bytes):
+                await process.stdin.send(message)
+                continue
             line = encode(message)
             if line:
                 await process.stdin.send(line)
@@ -415,7 +434,7 @@ async def _write_stdin(
                 answer = error_answer(message.message.id, "the request could not be serialised as JSON")
                 await to_session.send(SessionMessage(answer))
     except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-        closed.set()
+        _closed(handle)
 
 
 async def _stop_process(process: anyio.abc.Process) -> None:
