@@ -30,6 +30,7 @@ import mcp.types as types
 import pydantic_core
 from anyio.streams.memory import MemoryObjectSendStream
 from mcp.server.connection import Connection
+from mcp_types.jsonrpc import CONNECTION_CLOSED
 from mcp_types.methods import serialize_server_result
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 CATALOG_CALL = "catalog_call_tool"
+SHUTDOWN_WRITE_SECONDS = 2.0  # as the SDK bounds its own answers at shutdown
+_PLAIN_KEYS = frozenset({"name", "arguments", "_meta", "task"})  # any other key: the SDK validates it
 
 Done = Callable[[Any], None]
 """Told when a raw call's answer is on its way to the client (or none is due): its in-flight slot is free."""
@@ -149,9 +152,22 @@ class RawLane:
             if line is not None:
                 with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     await self._replies.send(line)
+        except anyio.get_cancelled_exc_class():
+            if line is None:  # the session is ending: answered as the SDK answers its own requests then
+                await self._answer_at_shutdown(message.id)
+            raise
         finally:
             del self._calls[message.id]
             self._done(message.id)
+
+    async def _answer_at_shutdown(self, request_id: Any) -> None:
+        line = _error_line(request_id, CONNECTION_CLOSED, "Connection closed")
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(SHUTDOWN_WRITE_SECONDS),
+            suppress(anyio.BrokenResourceError, anyio.ClosedResourceError),
+        ):
+            await self._replies.send(line)
 
     async def _call(self, message: types.JSONRPCRequest) -> bytes:
         assert self.connection is not None and message.params is not None
@@ -197,7 +213,7 @@ async def _no_progress(progress: float, total: float | None, message: str | None
 def _plain_call_params(params: Any) -> bool:
     """Params the SDK's `tools/call` validation accepts for sure; anything unusual takes the full path,
     so that it gets the SDK's own answer."""
-    if not isinstance(params, dict) or not isinstance(params.get("name"), str):
+    if not isinstance(params, dict) or not isinstance(params.get("name"), str) or not params.keys() <= _PLAIN_KEYS:
         return False
     arguments = params.get("arguments")
     if arguments is not None and not isinstance(arguments, dict):
