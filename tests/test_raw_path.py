@@ -1,7 +1,7 @@
 """The raw path (proxy/raw.py, upstream/raw_calls.py): really taken, and answering as the full path does.
 
 Two copies of the testkit upstream run side by side: `rawkit` (the default `call_path: raw`) and
-`fullkit` (`call_path: full`, the SDK on both legs). Every call is made to both and the answers,
+`twin` (`call_path: full`, the SDK on both legs). Every call is made to both and the answers,
 with the upstream's name swapped, must be the same JSON; the raw path's counters prove which
 path each took. The client is a line client on a socket pair, served as `aggregator serve`
 serves a line-based client (tests/raw_harness.py).
@@ -28,11 +28,15 @@ from tests.conftest import kit_upstream
 from tests.raw_harness import LineClient, raw_bench
 
 CALL_TIMEOUT = 1.0
+ARG = {"name": "name", "value": "A"}
+TEMPLATE = "testkit://items/{item_id}"
 Bench = tuple[BlockingPortal, AggregatorServer, LineClient, Path]
 
 
-def twin_config(directory: Path, names: tuple[str, str] = ("rawkit", "fullkit"), **extra: Any) -> Path:
-    """Two testkit upstreams, exposed directly; the second on the full path. Each logs its events."""
+def twin_config(directory: Path, names: tuple[str, str] = ("rawkit", "twin"), **extra: Any) -> Path:
+    """Two testkit upstreams, exposed directly; the second on the full path. Each logs its events.
+
+    Both list the same resources: reads go to the first by name, rawkit."""
     upstreams = {}
     for name, path in zip(names, ("raw", "full"), strict=True):
         entry = kit_upstream("--event-log", str(directory / f"{name}.events"), expose="direct", **extra)
@@ -53,6 +57,17 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
         yield portal, server, client, directory
 
 
+@pytest.fixture(scope="module")
+def full_bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+    """One testkit upstream named rawkit too, on the full path: for requests routed by URI or prompt name."""
+    directory = tmp_path_factory.mktemp("full")
+    entry = kit_upstream(expose="direct", call_path="full", timeouts={"call": CALL_TIMEOUT})
+    config = directory / "aggregator.yaml"
+    config.write_text(json.dumps({"upstreams": {"rawkit": entry}}))
+    with start_blocking_portal() as portal, portal.wrap_async_context_manager(raw_bench(config)) as (server, client):
+        yield portal, server, client, directory
+
+
 _TOKEN = re.compile(r'"progressToken": ?("agg-\d+"|\d+)')
 
 
@@ -60,7 +75,7 @@ def normal(answer: dict[str, Any]) -> str:
     """The answer's outcome with the upstream's name and our progress token (an id of either leg) masked."""
     outcome = {key: answer[key] for key in ("result", "error") if key in answer}
     text = json.dumps(outcome, sort_keys=True)
-    for upstream in ("rawkit", "fullkit"):  # both appear in a list of the known names
+    for upstream in ("rawkit", "twin"):  # both appear in a list of the known names
         text = text.replace(upstream, "KIT").replace(upstream.upper(), "KIT")
     text = re.sub(r"testkit\[\d+\]", "testkit[PID]", text)  # a dead upstream's stderr names its pid
     return _TOKEN.sub('"progressToken": "T"', text.replace('\\"', '"'))
@@ -72,14 +87,14 @@ def swapped(value: Any, old: str, new: str) -> Any:
 
 
 def both(bench: Bench, name: str, arguments: Any = None, **params: Any) -> tuple[str, str]:
-    """Call on rawkit and on fullkit (`name` and the arguments written for rawkit); both answers, normalised."""
+    """Call on rawkit and on twin (`name` and the arguments written for rawkit); both answers, normalised."""
     portal, _server, client, _ = bench
     message = {"name": name, "arguments": arguments, **params}
 
     async def call(upstream: str) -> dict[str, Any]:
         return await client.request("tools/call", swapped(message, "rawkit", upstream))
 
-    return normal(portal.call(call, "rawkit")), normal(portal.call(call, "fullkit"))
+    return normal(portal.call(call, "rawkit")), normal(portal.call(call, "twin"))
 
 
 CASES: list[tuple[str, dict[str, Any]]] = [
@@ -117,7 +132,38 @@ def test_calls_take_the_raw_path_and_answer_as_the_full_path(bench: Bench, tool:
     assert server.raw.taken == taken + calls  # the rawkit calls went raw ...
     upstream_calls = 0 if tool == "nope" else calls
     assert server.pool.connection("rawkit").raw_requests == sent + upstream_calls  # ... on both legs
-    assert server.raw.fallbacks.get("call_path", 0) >= calls  # the fullkit ones did not
+    assert server.raw.fallbacks.get("call_path", 0) >= calls  # the twin ones did not
+
+
+PASSTHROUGH_CASES: list[tuple[str, dict[str, Any], bool]] = [
+    ("prompts/get", {"name": "rawkit__greet", "arguments": {"name": "Ada"}}, True),
+    ("prompts/get", {"name": "rawkit__review_code", "arguments": {}, "_meta": {"progressToken": 3}}, True),
+    ("prompts/get", {"name": "rawkit__nope"}, False),  # not known without starting anything: full path
+    ("resources/read", {"uri": "testkit://readme"}, True),
+    ("resources/read", {"uri": "testkit://items/7"}, True),  # by template
+    ("resources/read", {"uri": "elsewhere://x"}, False),
+    ("completion/complete", {"ref": {"type": "ref/prompt", "name": "rawkit__greet"}, "argument": ARG}, True),
+    (
+        "completion/complete",
+        {"ref": {"type": "ref/resource", "uri": "testkit://items/{item_id}"}, "argument": ARG},
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize(("method", "params", "raw"), PASSTHROUGH_CASES)
+def test_prompts_resources_and_completions_take_the_raw_path_too(
+    bench: Bench, full_bench: Bench, method: str, params: dict[str, Any], raw: bool
+) -> None:
+    answers = []
+    for portal, _server, client, _ in (bench, full_bench):
+        portal.call(client.request, "tools/list")  # the direct upstreams start: their prompts are known
+        answers.append(normal(portal.call(client.request, method, params)))
+    server = bench[1]
+    taken = server.raw.taken
+    assert answers[0] == answers[1]
+    assert normal(bench[0].call(bench[2].request, method, params)) == answers[0]  # again, counted this time
+    assert server.raw.taken == taken + raw
 
 
 def test_custom_meta_reaches_the_upstream_beside_our_token(bench: Bench) -> None:
@@ -176,12 +222,12 @@ def test_what_must_keep_the_full_path_falls_back_and_is_still_answered(bench: Be
     before = dict(server.raw.fallbacks)
     own = portal.call(client.call, "catalog_list_servers", {})
     assert "result" in own
-    bad_token = portal.call(partial(client.call, "rawkit__echo", {"message": "x"}, _meta={"progressToken": True}))
-    assert "result" in bad_token or "error" in bad_token  # whatever the SDK makes of a boolean token
+    not_an_object = portal.call(client.request, "tools/call", {"name": "rawkit__echo", "arguments": 5})
+    assert not_an_object["error"]["code"] == -32602  # the SDK's own answer to params it refuses
     unknown = portal.call(client.call, "no_such_tool")
     assert unknown["result"]["isError"] is True
     after = server.raw.fallbacks
-    assert after.get("tool", 0) >= before.get("tool", 0) + 2
+    assert after.get("target", 0) >= before.get("target", 0) + 2
     assert after.get("params", 0) == before.get("params", 0) + 1
 
 
@@ -217,14 +263,14 @@ def test_a_dead_or_oversized_upstream_fails_the_call_as_on_the_full_path(tmp_pat
         async with raw_bench(config) as (server, client):
             for tool, arguments in (("crash", {}), ("big", {"n": 10000})):
                 answers = {}
-                for name in ("rawkit", "fullkit"):
+                for name in ("rawkit", "twin"):
                     await anyio.sleep(0.3)  # past the backoff of the previous failure
                     answers[name] = normal(await client.call(f"{name}__{tool}", arguments))
-                assert answers["rawkit"] == answers["fullkit"]
+                assert answers["rawkit"] == answers["twin"]
                 assert "upstream_error" in answers["rawkit"] or "response_too_large" in answers["rawkit"]
             # No tools/list came first: the first direct call starts the direct upstreams on the full path
-            # (lazy start), the next rawkit call goes raw, and fullkit's never do.
-            assert (server.raw.taken, server.raw.fallbacks) == (1, {"tool": 1, "call_path": 2})
+            # (lazy start), the next rawkit call goes raw, and twin's never do.
+            assert (server.raw.taken, server.raw.fallbacks) == (1, {"target": 1, "call_path": 2})
 
     anyio.run(scenario)
 

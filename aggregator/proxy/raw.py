@@ -1,21 +1,23 @@
-"""The raw path of a client's `tools/call`: answered without the SDK's server runner.
+"""The raw path of a client's request to one upstream: answered without the SDK's server runner.
 
 A proxied call through the SDK crosses its server runner (a context, middleware, params
 validated into a model, the result dumped and sieved, a response model encoded) and its
 client session. On a line-based client (stdio, or a service client over the Unix socket),
-a `tools/call` to a direct tool or `catalog_call_tool` is taken here instead, after
-`parse_client_line` has checked the envelope: the same handler code runs
-(`AggregatorServer.call_tool_for`, so lazy start, name resolution, faults, secrets masking and
-`on_call_result` are those of the full path), its result is sieved exactly as the SDK sieves
-it (`serialize_server_result`) and written to the client as bytes with the client's own id.
+a `tools/call` to a direct tool or `catalog_call_tool`, a `prompts/get`, a `resources/read` or
+a `completion/complete` is taken here instead, after `parse_client_line` has checked the
+envelope and the SDK's own validator the params: the same handler code runs
+(`AggregatorServer.call_tool_for`, `Passthrough.*_for`: lazy start, name resolution, faults,
+secrets masking and `on_call_result` are those of the full path), its result is sieved exactly
+as the SDK's runner sieves it and written to the client as bytes with the client's own id.
 Upstream, the request goes as bytes too (`upstream/raw_calls.py`) unless that upstream says
 `call_path: full`.
 
-A call falls back to the full path, with a debug line `raw path not taken` naming the rule,
-when: the client has not finished its handshake or speaks 2026-07-28 (`era`); the params are
-not what the SDK's validation surely accepts (`params`); the call is task-augmented (`task`);
-the tool is none of the above (`tool`); the target upstream says `call_path: full`
-(`call_path`); or the client reuses an id still in flight (`duplicate_id`).
+A request falls back to the full path, with a debug line `raw path not taken` naming the rule,
+when: the client has not finished its handshake or speaks 2026-07-28 (`era`); the SDK's
+validator refuses the params (`params`: the SDK answers them); the request is task-augmented
+(`task`); its target is not known without starting anything, or is one of our own tools
+(`target`); the target upstream says `call_path: full` (`call_path`); or the client reuses an
+id still in flight (`duplicate_id`).
 """
 
 from __future__ import annotations
@@ -29,9 +31,12 @@ import anyio.abc
 import mcp.types as types
 import pydantic_core
 from anyio.streams.memory import MemoryObjectSendStream
+from mcp.server.caching import CacheHint
 from mcp.server.connection import Connection
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 from mcp_types.jsonrpc import CONNECTION_CLOSED
-from mcp_types.methods import serialize_server_result
+from mcp_types.methods import is_input_required, serialize_server_result, validate_client_request
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
@@ -39,6 +44,7 @@ from aggregator.log import get_logger
 from aggregator.proxy.passthrough import for_era, forwarded_meta
 from aggregator.proxy.relay import RawOrigin
 from aggregator.tools.base import ToolContext, invalid_result
+from aggregator.wire import encode
 
 if TYPE_CHECKING:
     from aggregator.proxy.server import AggregatorServer
@@ -46,8 +52,9 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 CATALOG_CALL = "catalog_call_tool"
+RAW_METHODS = frozenset({"tools/call", "prompts/get", "resources/read", "completion/complete"})
 SHUTDOWN_WRITE_SECONDS = 2.0  # as the SDK bounds its own answers at shutdown
-_PLAIN_KEYS = frozenset({"name", "arguments", "_meta", "task"})  # any other key: the SDK validates it
+INVALID_RESULT = "Handler returned an invalid result"  # the SDK runner's words
 
 Done = Callable[[Any], None]
 """Told when a raw call's answer is on its way to the client (or none is due): its in-flight slot is free."""
@@ -69,23 +76,43 @@ class RawRouter:
         self.fallbacks[rule] = self.fallbacks.get(rule, 0) + 1
         log.debug("raw path not taken", rule=rule, id=request_id)
 
-    def route(self, params: Mapping[str, Any]) -> str | None:
-        """Why a well-formed `tools/call` must take the full path (a rule's name), or None."""
-        name = params["name"]
-        if name == CATALOG_CALL:
-            arguments = params.get("arguments") or {}
-            server = arguments.get("server")
-            upstream = self.server.pool.resolve(server) if isinstance(server, str) else None
-        elif name in self.server.own_tool_names:
-            return "tool"
-        else:
-            direct = self.server.direct_tool_now(name)
-            upstream = direct.server if direct is not None else None
+    def route(self, method: str, params: Mapping[str, Any]) -> str | None:
+        """Why a valid request must take the full path (a rule's name), or None."""
+        upstream = self._target(method, params)
         if upstream is None:
-            return "tool"
+            return "target"
         if self.server.pool.config.upstreams[upstream].call_path != "raw":
             return "call_path"
         return None
+
+    def _target(self, method: str, params: Mapping[str, Any]) -> str | None:
+        """The upstream a request goes to, as known now (None: not known without starting anything)."""
+        passthrough = self.server.passthrough
+        if method == "prompts/get":
+            return passthrough.prompt_owner(params["name"])
+        if method == "resources/read":
+            return passthrough.resources.resolve(str(params["uri"]))
+        if method == "completion/complete":
+            return passthrough.completion_owner(params)
+        name = params["name"]
+        if name == CATALOG_CALL:
+            server = (params.get("arguments") or {}).get("server")
+            return self.server.pool.resolve(server) if isinstance(server, str) else None
+        if name in self.server.own_tool_names:
+            return None
+        direct = self.server.direct_tool_now(name)
+        return direct.server if direct is not None else None
+
+    async def answer(self, method: str, params: Mapping[str, Any], caller: ToolContext, version: str) -> Any:
+        """What the full path's handler for `method` returns (an `MCPError` raised as it would be)."""
+        passthrough = self.server.passthrough
+        if method == "tools/call":
+            return await self.server.call_tool_for(params["name"], params.get("arguments") or {}, caller, None)
+        if method == "prompts/get":
+            return await passthrough.get_prompt_for(params, caller, version)
+        if method == "resources/read":
+            return await passthrough.read_resource_for(params, caller, version)
+        return await passthrough.complete_for(params, caller, version)
 
 
 class RawLane:
@@ -104,7 +131,7 @@ class RawLane:
 
     def accepts(self, message: types.JSONRPCRequest) -> bool:
         """Whether this request takes the raw path (else the SDK's runner gets it)."""
-        if message.method != "tools/call":
+        if message.method not in RAW_METHODS:
             return False
         rule = self._rule(message)
         if rule is not None:
@@ -121,14 +148,16 @@ class RawLane:
         ):
             return "era"
         params = message.params
-        if not _plain_call_params(params):
+        try:
+            validate_client_request(message.method, connection.protocol_version, params)
+        except (ValidationError, ValueError, KeyError):
             return "params"
-        assert params is not None
+        assert params is not None  # the four methods require params
         if "task" in params:
             return "task"
         if message.id in self._calls:
             return "duplicate_id"
-        return self.router.route(params)
+        return self.router.route(message.method, params)
 
     def start(self, message: types.JSONRPCRequest, task_group: anyio.abc.TaskGroup) -> None:
         scope = self._calls[message.id] = anyio.CancelScope()
@@ -171,22 +200,25 @@ class RawLane:
 
     async def _call(self, message: types.JSONRPCRequest) -> bytes:
         assert self.connection is not None and message.params is not None
-        params = message.params
-        version = self.connection.protocol_version or ""
-        ctx = ToolContext(
-            report_progress=self._progress(message.params),
+        params, method = message.params, message.method
+        version = self.connection.protocol_version
+        caller = ToolContext(
+            report_progress=self._progress(params),
             extra=forwarded_meta(params),
             origin=RawOrigin(self.connection, message.id),
         )
-        result = await self.router.server.call_tool_for(params["name"], params.get("arguments") or {}, ctx, None)
         self.router.taken += 1
-        return _result_line(message.id, result, version)
+        try:
+            result = await self.router.answer(method, params, caller, version)
+        except Exception as exc:  # as the SDK's dispatcher answers a handler's exception
+            return _error_answer(message.id, method, exc)
+        return _result_line(message.id, method, result, version, self.router.server.lowlevel.cache_hints.get(method))
 
     def _progress(self, params: Mapping[str, Any]) -> Any:
         """The client's progress token, reported to as the SDK's `report_progress` does (never blocking)."""
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, Mapping) else None
-        if token is None:
+        if not isinstance(token, str | int) or isinstance(token, bool):  # as the SDK reads it
             return _no_progress
         replies = self._replies
 
@@ -210,36 +242,41 @@ async def _no_progress(progress: float, total: float | None, message: str | None
     return None
 
 
-def _plain_call_params(params: Any) -> bool:
-    """Params the SDK's `tools/call` validation accepts for sure; anything unusual takes the full path,
-    so that it gets the SDK's own answer."""
-    if not isinstance(params, dict) or not isinstance(params.get("name"), str) or not params.keys() <= _PLAIN_KEYS:
-        return False
-    arguments = params.get("arguments")
-    if arguments is not None and not isinstance(arguments, dict):
-        return False
-    meta = params.get("_meta")
-    if meta is None:
-        return "_meta" not in params
-    if not isinstance(meta, dict):
-        return False
-    token = meta.get("progressToken")
-    return "progressToken" not in meta or (isinstance(token, str | int) and not isinstance(token, bool))
-
-
-def _result_line(request_id: Any, result: Any, version: str) -> bytes:
-    """The answer as the full path writes it: `_call_result`'s check, then the SDK runner's dump and
-    sieve for the client's version (one validation does both), in a response with the client's id."""
+def _result_line(request_id: Any, method: str, result: Any, version: str, hint: CacheHint | None) -> bytes:
+    """The answer as the full path writes it: for `tools/call` `_call_result`'s check; then the SDK
+    runner's cache hint, dump and sieve for the client's version (one validation does the check and
+    the sieve), in a response with the client's id."""
     result = for_era(result, version)
+    if hint is not None and isinstance(result, Mapping) and not is_input_required(result):
+        result = {"ttlMs": hint.ttl_ms, "cacheScope": hint.scope, **result}
     try:
-        dumped = serialize_server_result("tools/call", version, _dumped(result))
-    except ValidationError as exc:  # the full path's `_call_result` turns it into a fault result
-        dumped = serialize_server_result("tools/call", version, _dumped(invalid_result(exc)))
+        dumped = serialize_server_result(method, version, _dumped(result))
+    except ValidationError as exc:
+        if method != "tools/call":
+            log.exception("handler for %r returned an invalid result", method)
+            return _encoded_error(request_id, types.ErrorData(code=types.INTERNAL_ERROR, message=INVALID_RESULT))
+        dumped = serialize_server_result(method, version, _dumped(invalid_result(exc)))  # as `_call_result`
     try:
         return _line({"jsonrpc": "2.0", "id": request_id, "result": dumped})
     except (ValueError, TypeError) as exc:
         log.warning("a message could not be serialised", kind="JSONRPCResponse", error=str(exc)[:200])
         return _error_line(request_id, types.INTERNAL_ERROR, "the answer could not be serialised as JSON")
+
+
+def _error_answer(request_id: Any, method: str, exc: Exception) -> bytes:
+    """A handler's exception as the SDK's dispatcher answers it (`handler_exception_to_error_data`)."""
+    if isinstance(exc, MCPError):
+        error = exc.error
+    elif isinstance(exc, ValidationError):
+        error = types.ErrorData(code=types.INVALID_PARAMS, message="Invalid request parameters", data="")
+    else:
+        log.error("handler raised", method=method, error=f"{type(exc).__name__}: {exc}"[:300])
+        error = types.ErrorData(code=0, message=str(exc))
+    return _encoded_error(request_id, error)
+
+
+def _encoded_error(request_id: Any, error: types.ErrorData) -> bytes:
+    return encode(SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)))
 
 
 def _dumped(result: Any) -> dict[str, Any]:

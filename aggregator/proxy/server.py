@@ -38,7 +38,7 @@ from aggregator.config import AggregatorConfig, ConfigError
 from aggregator.faults import Fault
 from aggregator.log import get_logger, redact_text
 from aggregator.proxy.exposure import Clash, DirectTool, build_direct_tools, log_clashes, name_prefixes
-from aggregator.proxy.passthrough import Passthrough, for_era, passthrough_meta
+from aggregator.proxy.passthrough import Passthrough, caller_of, for_era
 from aggregator.proxy.raw import RawLane, RawRouter
 from aggregator.proxy.relay import Clients
 from aggregator.proxy.routing import build_prompt_table
@@ -363,8 +363,7 @@ class AggregatorServer:
     # ------------------------------------------------------------ tools/call
 
     async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
-        tool_ctx = ToolContext(report_progress=ctx.session.report_progress, extra=passthrough_meta(ctx), origin=ctx)
-        return await self.call_tool_for(params.name, params.arguments or {}, tool_ctx, ctx.protocol_version)
+        return await self.call_tool_for(params.name, params.arguments or {}, caller_of(ctx), ctx.protocol_version)
 
     async def call_tool_for(
         self, name: str, arguments: Mapping[str, Any], tool_ctx: ToolContext, protocol_version: str | None
