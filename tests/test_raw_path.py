@@ -226,7 +226,13 @@ def test_what_must_keep_the_full_path_falls_back_and_is_still_answered(bench: Be
     assert not_an_object["error"]["code"] == -32602  # the SDK's own answer to params it refuses
     unknown = portal.call(client.call, "no_such_tool")
     assert unknown["result"]["isError"] is True
+    slow = {"name": "rawkit__slow", "arguments": {"seconds": 0.3, "steps": 0}}
+    first = portal.call(client.expect, "dup")
+    for _ in range(2):  # the same id twice while the first is in flight
+        portal.call(client.send, {"jsonrpc": "2.0", "id": "dup", "method": "tools/call", "params": slow})
+    assert "result" in portal.call(first.receive)
     after = server.raw.fallbacks
+    assert after.get("duplicate_id", 0) == before.get("duplicate_id", 0) + 1
     assert after.get("target", 0) >= before.get("target", 0) + 2
     assert after.get("params", 0) == before.get("params", 0) + 1
 

@@ -112,6 +112,9 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._methods)
 
+    def __contains__(self, request_id: Any) -> bool:
+        return request_id in self._methods
+
     def add(self, request_id: Any, method: str) -> None:
         self._methods[request_id] = method
 
@@ -153,7 +156,7 @@ class InFlight:
 class Lane(Protocol):
     """One client's raw calls (`proxy/raw.py`): requests answered as bytes, without the SDK's runner."""
 
-    def accepts(self, message: types.JSONRPCRequest) -> bool: ...
+    def accepts(self, message: types.JSONRPCRequest, *, duplicate: bool) -> bool: ...
 
     def start(self, message: types.JSONRPCRequest, task_group: anyio.abc.TaskGroup) -> None: ...
 
@@ -342,8 +345,9 @@ class _Inbound:
             await self.backlog.send(message)
 
     async def _submit(self, message: types.JSONRPCRequest) -> None:
+        duplicate = message.id in self.in_flight  # the client reused the id of a request in flight
         self.in_flight.add(message.id, message.method)
-        if self.lane is not None and self.task_group is not None and self.lane.accepts(message):
+        if self.lane is not None and self.task_group is not None and self.lane.accepts(message, duplicate=duplicate):
             self.lane.start(message, self.task_group)
             return
         metadata = _settle_metadata(self.in_flight, message.id, self.lane)

@@ -129,11 +129,14 @@ class RawLane:
         if self.connection is None:
             self.connection = connection
 
-    def accepts(self, message: types.JSONRPCRequest) -> bool:
-        """Whether this request takes the raw path (else the SDK's runner gets it)."""
+    def accepts(self, message: types.JSONRPCRequest, *, duplicate: bool = False) -> bool:
+        """Whether this request takes the raw path (else the SDK's runner gets it).
+
+        `duplicate`: the client's id is that of a request still in flight (on either path).
+        """
         if message.method not in RAW_METHODS:
             return False
-        rule = self._rule(message)
+        rule = "duplicate_id" if duplicate else self._rule(message)
         if rule is not None:
             self.router.fallback(rule, message.id)
             return False
@@ -155,8 +158,6 @@ class RawLane:
         assert params is not None  # the four methods require params
         if "task" in params:
             return "task"
-        if message.id in self._calls:
-            return "duplicate_id"
         return self.router.route(message.method, params)
 
     def start(self, message: types.JSONRPCRequest, task_group: anyio.abc.TaskGroup) -> None:
