@@ -163,8 +163,45 @@ class Lane(Protocol):
     def cancel(self, params: dict[str, Any] | None) -> bool: ...
 
 
-LaneFactory = Callable[[MemoryObjectSendStream[Any], Callable[[Any], None]], Lane]
-"""Makes a client's lane from its writer's stream and the callback that frees an answered request's slot."""
+LaneFactory = Callable[["Outbox", Callable[[Any], None]], Lane]
+"""Makes a client's lane from its outbox and the callback that frees an answered request's slot."""
+
+
+class Outbox:
+    """What goes to the client: the writer task's queue, and a way around it for the raw lanes' answers.
+
+    An answer is written at once by the task that has it when the writer task is parked waiting
+    for its next item and nothing is queued (so nothing written later overtakes what came
+    first); otherwise it is queued like everything else. The lock keeps a write that a full pipe
+    cut in two whole.
+    """
+
+    def __init__(self, wire: Wire, queue: MemoryObjectSendStream[SessionMessage | bytes]) -> None:
+        self.wire = wire
+        self.queue = queue
+        self.lock = anyio.Lock(fast_acquire=True)
+        self.gone: Callable[[OSError], None] = lambda exc: None  # the writer's reaction to a closed stdout
+
+    async def send(self, line: bytes) -> None:
+        """Write `line` now if nothing is ahead of it, else queue it; raises `anyio.BrokenResourceError`
+        when the client is gone."""
+        stats = self.queue.statistics()
+        if stats.tasks_waiting_receive and not stats.current_buffer_used and not self.lock.locked():
+            await self.write(line)
+        else:
+            await self.queue.send(line)
+
+    def send_nowait(self, line: bytes) -> None:
+        """Queue `line` without waiting (raises `anyio.WouldBlock` when the queue is full)."""
+        self.queue.send_nowait(line)
+
+    async def write(self, data: bytes) -> None:
+        try:
+            async with self.lock:
+                await _write_all(self.wire, data)
+        except OSError as exc:
+            self.gone(exc)
+            raise anyio.BrokenResourceError from exc
 
 
 @dataclass(slots=True)
@@ -233,9 +270,10 @@ async def wire_streams(
     writer_done = anyio.Event()
     async with anyio.create_task_group() as tg:
         reader = anyio.CancelScope()
-        lane = lanes(write, in_flight.discard) if lanes is not None else None
+        outbox = Outbox(wire, write)
+        lane = lanes(outbox, in_flight.discard) if lanes is not None else None
         tg.start_soon(_read_messages, wire, to_server, write.clone(), in_flight, limits, reader, early, lane)
-        tg.start_soon(_write_messages, wire, from_server, in_flight, writer_done, reader)
+        tg.start_soon(_write_messages, outbox, from_server, in_flight, writer_done, reader)
         try:
             yield read, cast(MemoryObjectSendStream[SessionMessage], write)
         finally:
@@ -399,21 +437,25 @@ def _cancels(message: Any) -> bool:
 
 
 async def _write_messages(
-    wire: Wire,
+    outbox: Outbox,
     source: MemoryObjectReceiveStream[SessionMessage | bytes],
     in_flight: InFlight,
     done: anyio.Event,
     reader: anyio.CancelScope,
 ) -> None:
+    def gone(exc: OSError) -> None:  # the client went away: end the session
+        if not in_flight.closed:
+            log.info("stdout closed; ending the session", error=str(exc))
+        in_flight.close()
+        reader.cancel()
+
+    outbox.gone = gone
     try:
         async with source:
             async for item in source:
                 try:
-                    await _write_all(wire, item if isinstance(item, bytes) else encode(item))
-                except OSError as exc:  # the client went away: end the session
-                    log.info("stdout closed; ending the session", error=str(exc))
-                    in_flight.close()
-                    reader.cancel()
+                    await outbox.write(item if isinstance(item, bytes) else encode(item))
+                except anyio.BrokenResourceError:
                     return
                 if isinstance(item, SessionMessage) and isinstance(
                     item.message, types.JSONRPCResponse | types.JSONRPCError

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.abc
 import mcp.types as types
 import pydantic_core
-from anyio.streams.memory import MemoryObjectSendStream
 from mcp.server.caching import CacheHint
 from mcp.server.connection import Connection
 from mcp.shared.exceptions import MCPError
@@ -56,6 +55,15 @@ RAW_METHODS = frozenset({"tools/call", "prompts/get", "resources/read", "complet
 SHUTDOWN_WRITE_SECONDS = 2.0  # as the SDK bounds its own answers at shutdown
 INVALID_RESULT = "Handler returned an invalid result"  # the SDK runner's words
 
+
+class Replies(Protocol):
+    """Where a lane writes: its client's outbox."""
+
+    async def send(self, line: bytes) -> None: ...
+
+    def send_nowait(self, line: bytes) -> None: ...
+
+
 Done = Callable[[Any], None]
 """Told when a raw call's answer is on its way to the client (or none is due): its in-flight slot is free."""
 
@@ -68,8 +76,8 @@ class RawRouter:
         self.taken = 0  # calls answered on the raw path (tests read it)
         self.fallbacks: dict[str, int] = {}  # rule → calls that fell back to the full path
 
-    def lane(self, replies: MemoryObjectSendStream[Any], done: Done) -> RawLane:
-        """The raw calls of one client, answered on `replies` (the client's writer takes bytes)."""
+    def lane(self, replies: Replies, done: Done) -> RawLane:
+        """The raw calls of one client, answered through `replies` (`downstream/stdio.py`'s `Outbox`)."""
         return RawLane(self, replies, done)
 
     def fallback(self, rule: str, request_id: Any) -> None:
@@ -118,7 +126,7 @@ class RawRouter:
 class RawLane:
     """One client's raw calls: started from its reader, cancelled by its `notifications/cancelled`."""
 
-    def __init__(self, router: RawRouter, replies: MemoryObjectSendStream[Any], done: Done) -> None:
+    def __init__(self, router: RawRouter, replies: Replies, done: Done) -> None:
         self.router = router
         self._replies = replies
         self._done = done

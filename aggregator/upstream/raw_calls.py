@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.abc
 import mcp.types as types
 import pydantic_core
 from anyio.streams.memory import MemoryObjectSendStream
@@ -68,17 +69,42 @@ class SettleInOrder(Exception):  # not an error: a marker on the session's strea
         self.apply = apply
 
 
+class LineWriter:
+    """The upstream's stdin, shared by the session's writer task and raw requests: a line at a time.
+
+    A raw request writes its line itself (no hop through the writer task); the lock keeps a line
+    that a full pipe cut in two from being interleaved with another. `on_broken` is told when the
+    pipe is gone.
+    """
+
+    def __init__(self, stream: anyio.abc.ByteSendStream, on_broken: Callable[[], None] = lambda: None) -> None:
+        self._stream = stream
+        self._lock = anyio.Lock(fast_acquire=True)
+        self._on_broken = on_broken
+
+    async def send(self, line: bytes) -> None:
+        """Write `line`; a closed or broken pipe raises `anyio.BrokenResourceError` (after `on_broken`)."""
+        try:
+            async with self._lock:
+                await self._stream.send(line)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
+            self._on_broken()
+            raise anyio.BrokenResourceError from exc
+
+    async def aclose(self) -> None:
+        with suppress(Exception):
+            await self._stream.aclose()
+
+
 class RawCalls:
     """Requests to one stdio upstream that bypass the SDK session; `claim` is fed by its reader.
 
-    `send`: the upstream's stdin (bytes are written as they are); `session`: the SDK session's read
-    stream, for settling in order (`_settle_in_order`).
+    `send`: the upstream's stdin; `session`: the SDK session's read stream, for settling in order
+    (`_settle_in_order`).
     """
 
     def __init__(
-        self,
-        send: MemoryObjectSendStream[SessionMessage | bytes],
-        session: MemoryObjectSendStream[SessionMessage | Exception] | None = None,
+        self, send: LineWriter, session: MemoryObjectSendStream[SessionMessage | Exception] | None = None
     ) -> None:
         self._send = send
         self._session = session
@@ -101,7 +127,7 @@ class RawCalls:
         try:
             try:
                 await self._send.send(line)
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            except anyio.BrokenResourceError:
                 raise MCPError(CONNECTION_CLOSED, "Connection closed") from None
             written = True
             self.sent += 1
@@ -216,11 +242,6 @@ class RawCalls:
         self.closed = True
         for pending in self._pending.values():
             pending.settle(MCPError(CONNECTION_CLOSED, "Connection closed"))
-
-    async def aclose(self) -> None:
-        """`close`, and let go of the upstream's write stream."""
-        self.close()
-        await self._send.aclose()
 
 
 def _fast_parse(line: bytes) -> dict[str, Any] | None:

@@ -36,7 +36,7 @@ from aggregator.log import get_logger, redact_text
 from aggregator.safetext import SurrogateEscapes
 from aggregator.sdk import HTTP_TIMEOUT_SECONDS, SSE_READ_TIMEOUT_SECONDS
 from aggregator.upstream.guard_client import open_guarded_process
-from aggregator.upstream.raw_calls import RawCalls
+from aggregator.upstream.raw_calls import LineWriter, RawCalls
 from aggregator.upstream.server_messages import parse_upstream_line
 from aggregator.wire import LineSplitter, MessageTooLarge, encode, error_answer
 
@@ -322,13 +322,15 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
     os.close(err_write)
     stderr.feed(err_read)
     to_session, read = anyio.create_memory_object_stream[SessionMessage | Exception](64)
-    write, from_session = anyio.create_memory_object_stream[SessionMessage | bytes](64)
-    raw = RawCalls(write.clone(), to_session)
-    handle = TransportHandle(read, write, pid=process.pid, limit=config.max_message_bytes, raw=raw)  # type: ignore[arg-type]
+    write, from_session = anyio.create_memory_object_stream[SessionMessage](64)
+    assert process.stdin is not None
+    handle = TransportHandle(read, write, pid=process.pid, limit=config.max_message_bytes)
+    stdin = LineWriter(process.stdin, lambda: _closed(handle))
+    raw = handle.raw = RawCalls(stdin, to_session)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_read_stdout, process, to_session, handle)
-            tg.start_soon(_write_stdin, process, from_session, to_session, handle)
+            tg.start_soon(_write_stdin, stdin, from_session, to_session)
             tg.start_soon(_watch_exit, process, to_session, handle)
             try:
                 yield handle
@@ -337,7 +339,7 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
     finally:
         with anyio.CancelScope(shield=True):
             await _stop_process(process)
-            await raw.aclose()
+            raw.close()
             for stream in (to_session, read, write, from_session):
                 await stream.aclose()
 
@@ -415,26 +417,21 @@ async def _watch_exit(
 
 
 async def _write_stdin(
-    process: anyio.abc.Process,
-    from_session: MemoryObjectReceiveStream[SessionMessage | bytes],
+    stdin: LineWriter,
+    from_session: MemoryObjectReceiveStream[SessionMessage],
     to_session: MemoryObjectSendStream[SessionMessage | Exception],
-    handle: TransportHandle,
 ) -> None:
-    """The session's messages and the raw requests' lines (bytes, already encoded) to the upstream's stdin."""
-    assert process.stdin is not None
+    """The session's messages to the upstream's stdin (raw requests write their own lines to `stdin`)."""
     try:
         async for message in from_session:
-            if isinstance(message, bytes):
-                await process.stdin.send(message)
-                continue
             line = encode(message)
             if line:
-                await process.stdin.send(line)
+                await stdin.send(line)
             elif isinstance(message.message, types.JSONRPCRequest):  # never sent: its caller is answered now
                 answer = error_answer(message.message.id, "the request could not be serialised as JSON")
                 await to_session.send(SessionMessage(answer))
-    except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-        _closed(handle)
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+        pass  # `stdin` has marked the connection closed
 
 
 async def _stop_process(process: anyio.abc.Process) -> None:
