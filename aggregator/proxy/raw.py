@@ -87,9 +87,10 @@ class RawRouter:
     def route(self, method: str, params: Mapping[str, Any]) -> str | None:
         """Why a valid request must take the full path (a rule's name), or None."""
         upstream = self._target(method, params)
-        if upstream is None:
+        config = self.server.pool.config.upstreams.get(upstream) if upstream is not None else None
+        if config is None:  # unknown, or gone with a config reload
             return "target"
-        if self.server.pool.config.upstreams[upstream].call_path != "raw":
+        if config.call_path != "raw":
             return "call_path"
         return None
 
@@ -144,7 +145,11 @@ class RawLane:
         """
         if message.method not in RAW_METHODS:
             return False
-        rule = "duplicate_id" if duplicate else self._rule(message)
+        try:
+            rule = "duplicate_id" if duplicate else self._rule(message)
+        except Exception as exc:  # a bug here must not end the client's session: the full path answers
+            log.warning("raw path check failed", error=f"{type(exc).__name__}: {exc}"[:300])
+            rule = "error"
         if rule is not None:
             self.router.fallback(rule, message.id)
             return False

@@ -99,14 +99,18 @@ class LineWriter:
 class RawCalls:
     """Requests to one stdio upstream that bypass the SDK session; `claim` is fed by its reader.
 
-    `send`: the upstream's stdin; `session`: the SDK session's read stream, for settling in order
-    (`_settle_in_order`).
+    `send`: the upstream's stdin; `spawn`: starts a task (progress is delivered in one);
+    `session`: the SDK session's read stream, for settling in order (`_settle_in_order`).
     """
 
     def __init__(
-        self, send: LineWriter, session: MemoryObjectSendStream[SessionMessage | Exception] | None = None
+        self,
+        send: LineWriter,
+        spawn: Callable[..., Any],
+        session: MemoryObjectSendStream[SessionMessage | Exception] | None = None,
     ) -> None:
         self._send = send
+        self._spawn = spawn  # starts a task beside the reader (the transport's task group)
         self._session = session
         self._forwarded = 0  # lines the reader handed to the SDK session ...
         self._caught_up = 0  # ... of which the session has surely dispatched this many
@@ -163,7 +167,7 @@ class RawCalls:
         elif "method" not in data:
             claimed, settled = self._claim_answer(data, line)
         elif data["method"] == "notifications/progress":
-            return await self._claim_progress(data.get("params"))
+            return self._claim_progress(data.get("params"))
         else:
             return False
         if settled is not None:
@@ -222,7 +226,9 @@ class RawCalls:
             return True, (pending, dict(message.result))
         return True, (pending, MCPError(message.error.code, message.error.message, message.error.data))
 
-    async def _claim_progress(self, params: Any) -> bool:
+    def _claim_progress(self, params: Any) -> bool:
+        """Progress on one of our requests: delivered in a task of its own, as the SDK delivers it (the
+        caller's progress function may wait on its client; the reader must not)."""
         token = params.get("progressToken") if isinstance(params, dict) else None
         pending = self._pending.get(token) if isinstance(token, str) else None
         if pending is None or params is None:
@@ -230,7 +236,9 @@ class RawCalls:
         value = params.get("progress")
         if pending.progress is not None and isinstance(value, int | float) and not isinstance(value, bool):
             total, message = params.get("total"), params.get("message")
-            await pending.progress(
+            self._spawn(
+                _deliver_progress,
+                pending.progress,
                 float(value),
                 float(total) if isinstance(total, int | float) and not isinstance(total, bool) else None,
                 message if isinstance(message, str) else None,
@@ -242,6 +250,13 @@ class RawCalls:
         self.closed = True
         for pending in self._pending.values():
             pending.settle(MCPError(CONNECTION_CLOSED, "Connection closed"))
+
+
+async def _deliver_progress(progress: ProgressFn, value: float, total: float | None, message: str | None) -> None:
+    try:
+        await progress(value, total, message)
+    except Exception as exc:  # a client gone away must not disturb the upstream
+        log.debug("progress not delivered", error=str(exc)[:200])
 
 
 def _fast_parse(line: bytes) -> dict[str, Any] | None:

@@ -326,9 +326,9 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
     assert process.stdin is not None
     handle = TransportHandle(read, write, pid=process.pid, limit=config.max_message_bytes)
     stdin = LineWriter(process.stdin, lambda: _closed(handle))
-    raw = handle.raw = RawCalls(stdin, to_session)
     try:
         async with anyio.create_task_group() as tg:
+            handle.raw = RawCalls(stdin, tg.start_soon, to_session)
             tg.start_soon(_read_stdout, process, to_session, handle)
             tg.start_soon(_write_stdin, stdin, from_session, to_session)
             tg.start_soon(_watch_exit, process, to_session, handle)
@@ -339,7 +339,7 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
     finally:
         with anyio.CancelScope(shield=True):
             await _stop_process(process)
-            raw.close()
+            _closed(handle)
             for stream in (to_session, read, write, from_session):
                 await stream.aclose()
 
