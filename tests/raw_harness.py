@@ -12,7 +12,7 @@ import json
 import os
 import socket
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -114,29 +114,40 @@ async def raw_bench(
     config_path: Path, *, max_in_flight: int = 64, capabilities: dict[str, Any] | None = None
 ) -> AsyncIterator[tuple[AggregatorServer, LineClient]]:
     """The aggregator of `config_path` serving one line client (initialized) over a socket pair."""
+    async with raw_clients(config_path, 1, max_in_flight=max_in_flight, capabilities=capabilities) as (
+        server,
+        clients,
+    ):
+        yield server, clients[0]
+
+
+@asynccontextmanager
+async def raw_clients(
+    config_path: Path, count: int, *, max_in_flight: int = 64, capabilities: dict[str, Any] | None = None
+) -> AsyncIterator[tuple[AggregatorServer, list[LineClient]]]:
+    """The aggregator of `config_path` serving `count` line clients at once, each on its own socket
+    pair (as the service serves the clients of `aggregator connect`), all initialized."""
     config = load_config(config_path)
-    ours, theirs = socket.socketpair()
-    writer = os.dup(ours.fileno())
-    try:
-        async with UpstreamPool.running(config) as pool:
-            server = AggregatorServer(pool, data_dir=config_path.parent, max_result_bytes=config.max_result_bytes)
-            async with server.running(), anyio.create_task_group() as tg:
-
-                async def serve() -> None:
-                    wire = Wire(ours.fileno(), writer, True, True)
-                    async with wire_streams(wire, StdioLimits(max_in_flight=max_in_flight), lanes=server.raw.lane) as (
-                        read,
-                        write,
-                    ):
-                        await server.lowlevel.run(read, write, server.lowlevel.create_initialization_options())
-
+    async with AsyncExitStack() as stack, UpstreamPool.running(config) as pool:
+        server = AggregatorServer(pool, data_dir=config_path.parent, max_result_bytes=config.max_result_bytes)
+        async with server.running(), anyio.create_task_group() as tg:
+            clients = []
+            for _ in range(count):
+                ours, theirs = socket.socketpair()
+                stack.callback(theirs.close)
+                stack.callback(ours.close)
+                writer = os.dup(ours.fileno())
+                stack.callback(os.close, writer)
+                wire = Wire(ours.fileno(), writer, True, True)
+                tg.start_soon(_serve, server, wire, StdioLimits(max_in_flight=max_in_flight))
                 client = LineClient(theirs)
-                tg.start_soon(serve)
                 tg.start_soon(client.read_forever)
                 await client.initialize(capabilities if capabilities is not None else {"sampling": {}})
-                yield server, client
-                tg.cancel_scope.cancel()
-    finally:
-        os.close(writer)
-        ours.close()
-        theirs.close()
+                clients.append(client)
+            yield server, clients
+            tg.cancel_scope.cancel()
+
+
+async def _serve(server: AggregatorServer, wire: Wire, limits: StdioLimits) -> None:
+    async with wire_streams(wire, limits, lanes=server.raw.lane) as (read, write):
+        await server.lowlevel.run(read, write, server.lowlevel.create_initialization_options())

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from aggregator.proxy.server import AggregatorServer
 from tests.conftest import kit_upstream
-from tests.raw_harness import LineClient, raw_bench
+from tests.raw_harness import LineClient, raw_bench, raw_clients
 
 CALL_TIMEOUT = 1.0
 ARG = {"name": "name", "value": "A"}
@@ -99,6 +99,7 @@ def both(bench: Bench, name: str, arguments: Any = None, **params: Any) -> tuple
 
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("echo", {"message": "hi ünïcode \u2028"}),
+    ("big", {"n": 300_000}),  # a large answer, under the limit
     ("add", {"a": 2, "b": 3.5}),
     ("image", {}),
     ("structured", {}),
@@ -279,6 +280,39 @@ def test_a_dead_or_oversized_upstream_fails_the_call_as_on_the_full_path(tmp_pat
             assert (server.raw.taken, server.raw.fallbacks) == (1, {"target": 1, "call_path": 2})
 
     anyio.run(scenario)
+
+
+def test_several_clients_at_once_each_get_their_own_answers_and_requests(tmp_path: Path) -> None:
+    config = twin_config(tmp_path)
+    ask = {"method": "sampling/createMessage", "params": {"messages": [], "maxTokens": 1}}
+
+    async def scenario() -> None:
+        async with raw_clients(config, 2) as (server, (a, b)):
+            await a.call("rawkit__echo", {"message": "start"})  # the upstream runs: the next calls go raw
+            taken = server.raw.taken
+            answers: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
+
+            async def calls(client: LineClient, tag: str) -> None:
+                for i in range(20):  # the same ids on both clients, interleaved
+                    answer = await client.request("tools/call", echo(f"{tag}{i}"), request_id=i)
+                    answers[tag].append(answer)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(calls, a, "a")
+                tg.start_soon(calls, b, "b")
+            for tag in ("a", "b"):
+                assert [x["result"]["content"][0]["text"] for x in answers[tag]] == [f"{tag}{i}" for i in range(20)]
+            sampled = await a.call("rawkit__ask", ask)  # asked while a's raw call is in flight: a is asked
+            assert "sampled" in json.dumps(sampled)
+            assert [r["method"] for r in a.server_requests] == ["sampling/createMessage"]
+            assert b.server_requests == []
+            assert server.raw.taken == taken + 41
+
+    anyio.run(scenario)
+
+
+def echo(message: str) -> dict[str, Any]:
+    return {"name": "rawkit__echo", "arguments": {"message": message}}
 
 
 json_values = st.recursive(
