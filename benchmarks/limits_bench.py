@@ -7,8 +7,9 @@
    `tools/list` answered (1 lazy upstream); beside the same for a direct upstream built on the SDK
    (`examples/toolbox.py`, the kind of server the aggregator fronts) and the stdlib test server.
 2. Per call: sequential `tools/call echo` round trips, direct and through each path of ours
-   (`catalog_call_tool`; a directly exposed `up01__echo`), interleaved in blocks: p50/p90 added
-   over direct, and the aggregator's CPU per call (from /proc).
+   (`catalog_call_tool`; a directly exposed `up01__echo`; each on the raw path and with
+   `call_path: full`), interleaved in blocks in one run: p50/p90 added over direct, and the
+   aggregator's CPU per call (from /proc).
 3. Memory: the aggregator's own resident memory (its process tree minus the upstreams: the
    aggregator and its guard) with 1 and with N running upstreams, the cost of each additional one,
    and with 1 after a catalog search (what a session's first search loads).
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +47,12 @@ ECHO = {"server": "up01", "tool": "echo", "arguments": {"message": "p"}}
 INIT = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}
 
 
-def write_config(directory: Path, count: int, expose: str = "catalog") -> Path:
+def write_config(directory: Path, count: int, expose: str = "catalog", call_path: str = "raw") -> Path:
     upstreams = {
-        f"up{i:02d}": {"command": sys.executable, "args": TESTKIT, "expose": expose} for i in range(1, count + 1)
+        f"up{i:02d}": {"command": sys.executable, "args": TESTKIT, "expose": expose, "call_path": call_path}
+        for i in range(1, count + 1)
     }
-    path = directory / f"limits-{count}-{expose}.yaml"
+    path = directory / f"limits-{count}-{expose}-{call_path}.yaml"
     path.write_text(json.dumps({"upstreams": upstreams}))
     return path
 
@@ -133,49 +136,65 @@ def bench_startup(directory: Path, reps: int) -> None:
 
 
 async def bench_calls(directory: Path, calls: int, block: int = 50) -> None:
-    catalog = write_config(directory, 1)
-    direct_cfg = write_config(directory, 1, expose="direct")
+    """Every path of ours (tool naming × call path) beside the direct call, all in one interleaved run."""
+    catalog_call = ("catalog_call_tool", {"server": "up01", "tool": "echo", "arguments": {"message": "p"}})
+    direct_call = ("up01__echo", {"message": "p"})
     paths = {
-        "catalog_call_tool": (
-            catalog,
-            "catalog_call_tool",
-            {"server": "up01", "tool": "echo", "arguments": {"message": "p"}},
-        ),
-        "direct-exposed tool": (direct_cfg, "up01__echo", {"message": "p"}),
+        f"{label}, {path}": (write_config(directory, 1, expose, call_path=path), *call)
+        for label, expose, call in (
+            ("catalog_call_tool", "catalog", catalog_call),
+            ("direct tool", "direct", direct_call),
+        )
+        for path in ("raw", "full")
     }
     direct_params = StdioServerParameters(command=sys.executable, args=TESTKIT)
     print(f"\n2. Sequential tools/call round trips ({calls} per path, interleaved blocks of {block}); ms")
-    print(f"  {'':22} {'direct p50':>10} {'ours p50':>9} {'added p50':>10} {'added p90':>10} {'our CPU/call':>13}")
-    async with session_for(direct_params) as direct:
+    print(f"  {'':24} {'p50':>7} {'added p50':>10} {'added p90':>10} {'our CPU/call':>13}")
+    async with AsyncExitStack() as stack:
+        direct = await stack.enter_async_context(session_for(direct_params))
+        await timed_calls(direct, "echo", {"message": "p"}, 200)  # warm-up; starts the upstream
+        sessions: dict[str, tuple[ClientSession, str, dict[str, Any], int | None]] = {}
         for label, (config, tool, args) in paths.items():
-            async with session_for(aggregator_params(config)) as agg:
-                await timed_calls(direct, "echo", {"message": "p"}, 200)  # warm-up; starts the upstream
-                await timed_calls(agg, tool, args, 200)
-                pid = process_of(config)
-                direct_ms, agg_ms, cpu = await interleaved(direct, agg, tool, args, calls, block, pid)
+            agg = await stack.enter_async_context(session_for(aggregator_params(config)))
+            await timed_calls(agg, tool, args, 200)
+            sessions[label] = (agg, tool, args, process_of(config))
+        samples, cpu = await interleaved(direct, sessions, calls, block)
+        direct_ms = samples[DIRECT]
+        print(f"  {'direct (no aggregator)':24} {pct(direct_ms, 50):7.3f}")
+        for label, agg_ms in samples.items():
+            if label != DIRECT:
                 added = [pct(agg_ms, p) - pct(direct_ms, p) for p in (50, 90)]
                 print(
-                    f"  {label:22} {pct(direct_ms, 50):10.3f} {pct(agg_ms, 50):9.3f}"
-                    f" {added[0]:10.3f} {added[1]:10.3f} {cpu / len(agg_ms) * 1000:13.3f}"
+                    f"  {label:24} {pct(agg_ms, 50):7.3f} {added[0]:10.3f} {added[1]:10.3f}"
+                    f" {cpu[label] / len(agg_ms) * 1000:13.3f}"
                 )
 
 
+DIRECT = "direct"
+
+
 async def interleaved(
-    direct: ClientSession, agg: ClientSession, tool: str, args: dict[str, Any], calls: int, block: int, pid: int | None
-) -> tuple[list[float], list[float], float]:
-    direct_ms: list[float] = []
-    agg_ms: list[float] = []
-    cpu = 0.0
+    direct: ClientSession,
+    sessions: dict[str, tuple[ClientSession, str, dict[str, Any], int | None]],
+    calls: int,
+    block: int,
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Blocks of `block` calls on each session in turn (the order rotates every round); ms per call, and
+    each aggregator's CPU seconds over its blocks."""
+    samples: dict[str, list[float]] = {DIRECT: [], **{label: [] for label in sessions}}
+    cpu = dict.fromkeys(sessions, 0.0)
+    labels = [DIRECT, *sessions]
     for round_ in range(calls // block):
-        order = [True, False] if round_ % 2 == 0 else [False, True]
-        for ours in order:
-            if ours:
-                before = cpu_seconds(pid)
-                agg_ms += await timed_calls(agg, tool, args, block)
-                cpu += cpu_seconds(pid) - before
-            else:
-                direct_ms += await timed_calls(direct, "echo", {"message": "p"}, block)
-    return direct_ms, agg_ms, cpu
+        shift = round_ % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            if label == DIRECT:
+                samples[DIRECT] += await timed_calls(direct, "echo", {"message": "p"}, block)
+                continue
+            agg, tool, args, pid = sessions[label]
+            before = cpu_seconds(pid)
+            samples[label] += await timed_calls(agg, tool, args, block)
+            cpu[label] += cpu_seconds(pid) - before
+    return samples, cpu
 
 
 # ---------------------------------------------------------------- 3. memory

@@ -123,7 +123,7 @@ async def _serve_stdio(server: Any, settings: Settings) -> None:
     from aggregator.downstream.stdio import StdioLimits, stdio_streams
 
     limits = StdioLimits(max_in_flight=settings.max_in_flight, drain_seconds=settings.drain_seconds)
-    async with stdio_streams(limits) as (read, write):
+    async with stdio_streams(limits, lanes=server.raw.lane) as (read, write):
         await server.lowlevel.run(read, write, server.lowlevel.create_initialization_options())
 
 

@@ -278,6 +278,7 @@ def _build_upstream(
         snapshots=raw.snapshots if raw.snapshots is not None else defaults.snapshots,
         snapshot_max_age=raw.snapshot_max_age if raw.snapshot_max_age is not None else defaults.snapshot_max_age,
         max_message_bytes=raw.max_message_bytes if raw.max_message_bytes is not None else defaults.max_message_bytes,
+        call_path=raw.call_path or defaults.call_path,
         auth=raw.auth,
         scopes=list(dict.fromkeys(raw.scopes)),
         client_id=expand.optional(raw.client_id, ("client_id",)) or None,

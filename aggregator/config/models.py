@@ -33,6 +33,7 @@ PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,32}")
 
 Transport = Literal["stdio", "http", "sse"]
 AuthKind = Literal["oauth", "client_credentials", "identity_assertion", "none"]
+CallPath = Literal["raw", "full"]  # how a call reaches a stdio upstream (docs/performance.md, "The raw path")
 
 
 class Timeouts(BaseModel):
@@ -119,6 +120,7 @@ class UpstreamConfig(UpstreamPresentation):
     snapshots: bool = True  # keep the catalog on disk and serve it before the upstream starts
     snapshot_max_age: Duration = DEFAULT_SNAPSHOT_MAX_AGE  # seconds; older snapshots are ignored
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=1024)  # one message from it, any transport
+    call_path: CallPath = "raw"  # raw: calls pass as bytes where they can (docs/performance.md); full: always the SDK
     # OAuth (remote upstreams; upstream/oauth_providers.py). auth None: OAuth when the server answers 401.
     auth: AuthKind | None = None
     scopes: list[str] = Field(default_factory=list)

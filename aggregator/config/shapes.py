@@ -19,6 +19,7 @@ from aggregator.config.models import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_SNAPSHOT_MAX_AGE,
     AuthKind,
+    CallPath,
     Duration,
     Transport,
     UpstreamPresentation,
@@ -64,6 +65,7 @@ class RawDefaults(BaseModel):
     snapshots: bool = True
     snapshot_max_age: Duration = DEFAULT_SNAPSHOT_MAX_AGE
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=1024)
+    call_path: CallPath = "raw"
 
 
 class RawUpstream(UpstreamPresentation):
@@ -82,6 +84,7 @@ class RawUpstream(UpstreamPresentation):
     snapshots: bool | None = None  # None: as under defaults:
     snapshot_max_age: Duration | None = None
     max_message_bytes: int | None = Field(default=None, ge=1024)
+    call_path: CallPath | None = None
     auth: AuthKind | None = None
     scopes: list[str] = Field(default_factory=list)
     client_id: str | None = None
@@ -149,6 +152,7 @@ FIX_HINTS: dict[str, str] = {
     "snapshots": "use snapshots: true (keep catalogs on disk, the default) or snapshots: false",
     "snapshot_max_age": "give a positive duration: seconds, or a number with s, m, h, d or w, e.g. 30d",
     "max_message_bytes": "give a whole number of bytes, at least 1024, e.g. max_message_bytes: 33554432",
+    "call_path": "write call_path: raw (calls pass as bytes where they can) or call_path: full",
     "disabled": "use disabled: true or disabled: false",
     "auth": "use auth: oauth (sign in), client_credentials (machine to machine), identity_assertion "
     "(enterprise IdP, SEP-990) or none",

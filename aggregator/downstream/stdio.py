@@ -28,12 +28,13 @@ import fcntl
 import os
 import selectors
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 import mcp.types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -111,6 +112,9 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._methods)
 
+    def __contains__(self, request_id: Any) -> bool:
+        return request_id in self._methods
+
     def add(self, request_id: Any, method: str) -> None:
         self._methods[request_id] = method
 
@@ -149,6 +153,57 @@ class InFlight:
             await self._changed.wait()
 
 
+class Lane(Protocol):
+    """One client's raw calls (`proxy/raw.py`): requests answered as bytes, without the SDK's runner."""
+
+    def accepts(self, message: types.JSONRPCRequest, *, duplicate: bool) -> bool: ...
+
+    def start(self, message: types.JSONRPCRequest, task_group: anyio.abc.TaskGroup) -> None: ...
+
+    def cancel(self, params: dict[str, Any] | None) -> bool: ...
+
+
+LaneFactory = Callable[["Outbox", Callable[[Any], None]], Lane]
+"""Makes a client's lane from its outbox and the callback that frees an answered request's slot."""
+
+
+class Outbox:
+    """What goes to the client: the writer task's queue, and a way around it for the raw lanes' answers.
+
+    An answer is written at once by the task that has it when the writer task is parked waiting
+    for its next item and nothing is queued (so nothing written later overtakes what came
+    first); otherwise it is queued like everything else. The lock keeps a write that a full pipe
+    cut in two whole.
+    """
+
+    def __init__(self, wire: Wire, queue: MemoryObjectSendStream[SessionMessage | bytes]) -> None:
+        self.wire = wire
+        self.queue = queue
+        self.lock = anyio.Lock(fast_acquire=True)
+        self.gone: Callable[[OSError], None] = lambda exc: None  # the writer's reaction to a closed stdout
+
+    async def send(self, line: bytes) -> None:
+        """Write `line` now if nothing is ahead of it, else queue it; raises `anyio.BrokenResourceError`
+        when the client is gone."""
+        stats = self.queue.statistics()
+        if stats.tasks_waiting_receive and not stats.current_buffer_used and not self.lock.locked():
+            await self.write(line)
+        else:
+            await self.queue.send(line)
+
+    def send_nowait(self, line: bytes) -> None:
+        """Queue `line` without waiting (raises `anyio.WouldBlock` when the queue is full)."""
+        self.queue.send_nowait(line)
+
+    async def write(self, data: bytes) -> None:
+        try:
+            async with self.lock:
+                await _write_all(self.wire, data)
+        except OSError as exc:
+            self.gone(exc)
+            raise anyio.BrokenResourceError from exc
+
+
 @dataclass(slots=True)
 class Wire:
     """One client's descriptors, and whether the event loop can wait on each."""
@@ -161,7 +216,7 @@ class Wire:
 
 @asynccontextmanager
 async def stdio_streams(
-    limits: StdioLimits | None = None,
+    limits: StdioLimits | None = None, lanes: LaneFactory | None = None
 ) -> AsyncIterator[
     tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
 ]:
@@ -180,7 +235,7 @@ async def stdio_streams(
     os.dup2(2, 1)
     os.close(null)
     try:
-        async with wire_streams(wire, limits) as streams:
+        async with wire_streams(wire, limits, lanes=lanes) as streams:
             yield streams
     finally:
         for fd, saved, was_blocking in ((0, saved_in, blocking[0]), (1, saved_out, blocking[1])):
@@ -195,7 +250,7 @@ async def stdio_streams(
 
 @asynccontextmanager
 async def wire_streams(
-    wire: Wire, limits: StdioLimits, early: bytes = b""
+    wire: Wire, limits: StdioLimits, early: bytes = b"", lanes: LaneFactory | None = None
 ) -> AsyncIterator[
     tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
 ]:
@@ -203,6 +258,7 @@ async def wire_streams(
 
     The descriptors are made non-blocking where pollable and left open: whoever opened them closes them.
     `early` is what was already read from `fd_in` (a socket's first bytes, read to learn its kind).
+    `lanes`: the raw path's lane for this client (None: every request goes to the server).
     """
     if wire.poll_in:
         os.set_blocking(wire.fd_in, False)
@@ -214,8 +270,10 @@ async def wire_streams(
     writer_done = anyio.Event()
     async with anyio.create_task_group() as tg:
         reader = anyio.CancelScope()
-        tg.start_soon(_read_messages, wire, to_server, write.clone(), in_flight, limits, reader, early)
-        tg.start_soon(_write_messages, wire, from_server, in_flight, writer_done, reader)
+        outbox = Outbox(wire, write)
+        lane = lanes(outbox, in_flight.discard) if lanes is not None else None
+        tg.start_soon(_read_messages, wire, to_server, write.clone(), in_flight, limits, reader, early, lane)
+        tg.start_soon(_write_messages, outbox, from_server, in_flight, writer_done, reader)
         try:
             yield read, cast(MemoryObjectSendStream[SessionMessage], write)
         finally:
@@ -252,12 +310,13 @@ async def _read_messages(
     limits: StdioLimits,
     scope: anyio.CancelScope,
     early: bytes = b"",
+    lane: Lane | None = None,
 ) -> None:
     """Newline-delimited JSON-RPC from stdin until EOF, then drain; refusals are answered here."""
     splitter = SkippingLineSplitter()
-    inbound = _Inbound(sink, replies, in_flight)
     with scope:
         async with sink, replies, anyio.create_task_group() as tg:
+            inbound = _Inbound(sink, replies, in_flight, lane, tg)
             tg.start_soon(inbound.forward)
             try:
                 while not in_flight.closed:
@@ -282,6 +341,9 @@ class _Inbound:
     Meanwhile notifications and responses (a client's answer to a sampling or
     elicitation request that a running tool call waits for) still go through, so
     a full session cannot deadlock on its own client's answers.
+
+    With a `lane`, a request it accepts runs there (in `task_group`) instead of in the
+    server, within the same bound, and a `notifications/cancelled` for it is the lane's.
     """
 
     def __init__(
@@ -289,8 +351,11 @@ class _Inbound:
         sink: MemoryObjectSendStream[SessionMessage | Exception],
         replies: MemoryObjectSendStream[SessionMessage | bytes],
         in_flight: InFlight,
+        lane: Lane | None = None,
+        task_group: anyio.abc.TaskGroup | None = None,
     ) -> None:
         self.sink, self.replies, self.in_flight = sink, replies, in_flight
+        self.lane, self.task_group = lane, task_group
         self.backlog, self._backlog_out = anyio.create_memory_object_stream[types.JSONRPCRequest](in_flight.limit)
         self._held: types.JSONRPCRequest | None = None  # taken from the backlog, waiting for room
         self._forwarding = anyio.CancelScope()
@@ -309,7 +374,8 @@ class _Inbound:
             return
         message = parsed.message
         if not isinstance(message, types.JSONRPCRequest):
-            await self.sink.send(parsed)
+            if not (self.lane is not None and _cancels(message) and self.lane.cancel(message.params)):  # type: ignore[union-attr]
+                await self.sink.send(parsed)
         elif self.in_flight.queued == 0 and self.in_flight.has_room():
             await self._submit(message)
         else:
@@ -317,8 +383,13 @@ class _Inbound:
             await self.backlog.send(message)
 
     async def _submit(self, message: types.JSONRPCRequest) -> None:
+        duplicate = message.id in self.in_flight  # the client reused the id of a request in flight
         self.in_flight.add(message.id, message.method)
-        await self.sink.send(SessionMessage(message, metadata=_settle_metadata(self.in_flight, message.id)))
+        if self.lane is not None and self.task_group is not None and self.lane.accepts(message, duplicate=duplicate):
+            self.lane.start(message, self.task_group)
+            return
+        metadata = _settle_metadata(self.in_flight, message.id, self.lane)
+        await self.sink.send(SessionMessage(message, metadata=metadata))
 
     async def forward(self) -> None:
         """Hand backlogged requests to the server, in order, as room frees up."""
@@ -349,31 +420,42 @@ class _Inbound:
             await self.replies.send(error_line(message.id, SHUTTING_DOWN, reason))
 
 
-def _settle_metadata(in_flight: InFlight, request_id: Any) -> ServerMessageMetadata:
-    """Frees the request's slot if the server settles it without an answer (the client cancelled it)."""
+def _settle_metadata(in_flight: InFlight, request_id: Any, lane: Lane | None) -> ServerMessageMetadata:
+    """Frees the request's slot if the server settles it without an answer (the client cancelled it).
+
+    The lane rides along as the request's context: the server binds it to the client's connection.
+    """
 
     async def unanswered() -> None:
         in_flight.discard(request_id)
 
-    return ServerMessageMetadata(on_request_unanswered=unanswered)
+    return ServerMessageMetadata(on_request_unanswered=unanswered, request_context=lane)
+
+
+def _cancels(message: Any) -> bool:
+    return isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled"
 
 
 async def _write_messages(
-    wire: Wire,
+    outbox: Outbox,
     source: MemoryObjectReceiveStream[SessionMessage | bytes],
     in_flight: InFlight,
     done: anyio.Event,
     reader: anyio.CancelScope,
 ) -> None:
+    def gone(exc: OSError) -> None:  # the client went away: end the session
+        if not in_flight.closed:
+            log.info("stdout closed; ending the session", error=str(exc))
+        in_flight.close()
+        reader.cancel()
+
+    outbox.gone = gone
     try:
         async with source:
             async for item in source:
                 try:
-                    await _write_all(wire, item if isinstance(item, bytes) else encode(item))
-                except OSError as exc:  # the client went away: end the session
-                    log.info("stdout closed; ending the session", error=str(exc))
-                    in_flight.close()
-                    reader.cancel()
+                    await outbox.write(item if isinstance(item, bytes) else encode(item))
+                except anyio.BrokenResourceError:
                     return
                 if isinstance(item, SessionMessage) and isinstance(
                     item.message, types.JSONRPCResponse | types.JSONRPCError

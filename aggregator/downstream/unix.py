@@ -170,7 +170,7 @@ async def _serve(
     async with anyio.create_task_group() as tg:
         if lifeline is not None:
             tg.start_soon(_end_with, lifeline, tg.cancel_scope)
-        async with wire_streams(wire, limits, early) as (read, write):
+        async with wire_streams(wire, limits, early, lanes=server.raw.lane) as (read, write):
             await server.lowlevel.run(read, write, server.lowlevel.create_initialization_options())
         tg.cancel_scope.cancel()
 

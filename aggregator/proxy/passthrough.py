@@ -27,6 +27,7 @@ from aggregator.proxy.exposure import Clash, log_clashes, name_prefixes
 from aggregator.proxy.relay import Clients, Relay
 from aggregator.proxy.routing import ExposedPrompt, ResourceRouter, TaskRouter, build_prompt_table
 from aggregator.sdk import client_connection
+from aggregator.tools.base import ToolContext
 from aggregator.upstream.pool import ConfigDiff, UpstreamPool
 
 log = get_logger(__name__)
@@ -142,11 +143,20 @@ class Passthrough:
         return types.ListPromptsResult(prompts=[_prompt_wire(entry) for entry in self._prompts.values()])
 
     async def get_prompt(self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> dict[str, Any]:
-        entry = await self._prompt(params.name)
-        forwarded = {**passthrough_meta(ctx), "name": entry.prompt.name}
-        if params.arguments is not None:
-            forwarded["arguments"] = params.arguments
-        return await self.forward(entry.server, "prompts/get", forwarded, ctx)
+        return await self.get_prompt_for(ctx.params or {}, caller_of(ctx), ctx.protocol_version)
+
+    async def get_prompt_for(self, params: Mapping[str, Any], caller: ToolContext, version: str) -> dict[str, Any]:
+        """`prompts/get` with the request's params as validated (also the raw path's, `proxy/raw.py`)."""
+        entry = await self._prompt(params["name"])
+        forwarded = {**forwarded_meta(params), "name": entry.prompt.name}
+        if params.get("arguments") is not None:
+            forwarded["arguments"] = params["arguments"]
+        return await self.forward_for(entry.server, "prompts/get", forwarded, caller, version)
+
+    def prompt_owner(self, name: str) -> str | None:
+        """The upstream serving the prompt exposed as `name`, as known now (nothing is started)."""
+        entry = self._prompts.get(name)
+        return entry.server if entry is not None else None
 
     # ------------------------------------------------------------ resources
 
@@ -187,9 +197,13 @@ class Passthrough:
     async def read_resource(
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
     ) -> dict[str, Any]:
-        uri = str(params.uri)
+        return await self.read_resource_for(ctx.params or {}, caller_of(ctx), ctx.protocol_version)
+
+    async def read_resource_for(self, params: Mapping[str, Any], caller: ToolContext, version: str) -> dict[str, Any]:
+        """`resources/read` with the request's params as validated (also the raw path's)."""
+        uri = str(params["uri"])
         server = await self._resource_owner(uri)
-        return await self.forward(server, "resources/read", {**passthrough_meta(ctx), "uri": uri}, ctx)
+        return await self.forward_for(server, "resources/read", {**forwarded_meta(params), "uri": uri}, caller, version)
 
     async def subscribe(self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> dict[str, Any]:
         uri = str(params.uri)
@@ -226,7 +240,21 @@ class Passthrough:
     # ------------------------------------------------------------ completions, logging, roots
 
     async def complete(self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams) -> dict[str, Any]:
-        raw = dict(ctx.params or {})
+        return await self.complete_for(ctx.params or {}, caller_of(ctx), ctx.protocol_version)
+
+    def completion_owner(self, params: Mapping[str, Any]) -> str | None:
+        """The upstream a `completion/complete` goes to, as known now (nothing is started)."""
+        ref = params.get("ref")
+        if not isinstance(ref, Mapping):
+            return None
+        if ref.get("type") == "ref/prompt":
+            return self.prompt_owner(str(ref.get("name")))
+        uri = str(ref.get("uri"))
+        return self.resources.template_owner(uri) or self.resources.resolve(uri)
+
+    async def complete_for(self, params: Mapping[str, Any], caller: ToolContext, version: str) -> dict[str, Any]:
+        """`completion/complete` with the request's params as validated (also the raw path's)."""
+        raw = dict(params)
         ref = dict(raw.get("ref") or {})
         if ref.get("type") == "ref/prompt":
             entry = await self._prompt(str(ref.get("name")))
@@ -236,7 +264,7 @@ class Passthrough:
             server = await self._resource_owner(uri, template=True)
         raw["ref"] = ref
         raw.pop("_meta", None)
-        return await self.forward(server, "completion/complete", {**passthrough_meta(ctx), **raw}, ctx)
+        return await self.forward_for(server, "completion/complete", {**forwarded_meta(params), **raw}, caller, version)
 
     async def set_level(self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:
         await self.pool.set_log_level(params.level, self.relay.client_of(ctx))
@@ -298,11 +326,15 @@ class Passthrough:
         self, server: str, method: str, params: Mapping[str, Any], ctx: ServerRequestContext[Any]
     ) -> dict[str, Any]:
         """One request to `server`, answered with its raw result; our faults become JSON-RPC errors."""
+        return await self.forward_for(server, method, params, caller_of(ctx), ctx.protocol_version)
+
+    async def forward_for(
+        self, server: str, method: str, params: Mapping[str, Any], caller: ToolContext, version: str
+    ) -> dict[str, Any]:
+        """`forward` for a caller (its progress, its origin) speaking protocol `version`."""
         try:
             conn = self.pool.connection(server)
-            return for_era(
-                await conn.request(method, params, ctx.session.report_progress, origin=ctx), ctx.protocol_version
-            )
+            return for_era(await conn.request(method, params, caller.report_progress, origin=caller.origin), version)
         except Fault as fault:
             code = _FAULT_CODES.get(fault.reason, types.INTERNAL_ERROR)
             raise MCPError(code, f"{fault.reason}: {fault.message}", {"reason": fault.reason}) from None
@@ -326,6 +358,11 @@ def for_era(result: Any, protocol_version: str) -> Any:
     return result
 
 
+def caller_of(ctx: ServerRequestContext[Any]) -> ToolContext:
+    """The SDK's request context as a forwarded request needs it: progress to the client, `_meta`, origin."""
+    return ToolContext(report_progress=ctx.session.report_progress, extra=passthrough_meta(ctx), origin=ctx)
+
+
 def passthrough_meta(ctx: ServerRequestContext[Any]) -> dict[str, Any]:
     """The client's request `_meta`, as `{"_meta": {...}}` to spread into forwarded params (or `{}`).
 
@@ -333,7 +370,12 @@ def passthrough_meta(ctx: ServerRequestContext[Any]) -> dict[str, Any]:
     2026-07-28 envelope keys (protocol version, client capabilities, …) describe
     the client's connection to us, not ours to the upstream.
     """
-    raw = (ctx.params or {}).get("_meta")
+    return forwarded_meta(ctx.params)
+
+
+def forwarded_meta(params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`passthrough_meta` of a request's raw params."""
+    raw = (params or {}).get("_meta")
     if not isinstance(raw, Mapping):
         return {}
     meta = {

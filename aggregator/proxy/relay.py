@@ -26,6 +26,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,14 @@ MAX_RELAYED_PER_CLIENT = 32
 RELATED_TASK = "io.modelcontextprotocol/related-task"
 ELICITATIONS_MAX = 4096
 _RELAYED_KEYS = ("roots", "sampling", "elicitation")
+
+
+@dataclass(frozen=True, slots=True)
+class RawOrigin:
+    """A raw call's client (`proxy/raw.py`), where the full path has the SDK's request context."""
+
+    connection: Connection
+    request_id: Any
 
 
 class Clients:
@@ -134,7 +143,7 @@ class Relay:
 
     def client_of(self, origin: Any) -> Connection | None:
         """A handshake-era client's connection (a 2026-07-28 client has none that lasts: it shares)."""
-        connection = client_connection(getattr(origin, "session", None))
+        connection = _client(origin)
         if connection is None or connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return None
         return connection  # type: ignore[no-any-return]
@@ -209,8 +218,10 @@ class Relay:
     @staticmethod
     def _sender(connection: Connection, origins: Sequence[Any]) -> Any:
         """The stream of the client's latest request in flight, else its own standalone stream."""
-        mine = [o for o in _requests(origins) if client_connection(o.session) is connection]
-        return request_sender(mine[-1].session) if mine else connection.send_raw_request
+        mine = [o for o in origins if _client(o) is connection]
+        if mine and isinstance(mine[-1], ServerRequestContext):
+            return request_sender(mine[-1].session)
+        return connection.send_raw_request  # a raw call's client (a line-based one): its stream is the only one
 
     def _task_owner(self, upstream: str, params: Params) -> Connection | None:
         """The client that created the task a message names in `_meta` (`related-task`), if it is this upstream's."""
@@ -277,13 +288,18 @@ class Relay:
         return self.clients.legacy()
 
 
-def _requests(origins: Sequence[Any]) -> list[ServerRequestContext[Any, Any]]:
-    return [o for o in origins if isinstance(o, ServerRequestContext) and client_connection(o.session) is not None]
+def _client(origin: Any) -> Connection | None:
+    """The client connection of a request in flight: the SDK's request context, or a raw call's origin."""
+    if isinstance(origin, RawOrigin):
+        return origin.connection
+    if isinstance(origin, ServerRequestContext):
+        return client_connection(origin.session)  # type: ignore[no-any-return]
+    return None
 
 
 def _callers(origins: Sequence[Any]) -> dict[int, Connection]:
     """The distinct clients of the requests in flight, by identity."""
-    return {id(c): c for c in (client_connection(o.session) for o in _requests(origins))}
+    return {id(c): c for c in (_client(o) for o in origins) if c is not None}
 
 
 _REQUIRED = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation", "roots/list": "roots"}

@@ -38,12 +38,13 @@ from aggregator.config import AggregatorConfig, ConfigError
 from aggregator.faults import Fault, SignInNeeded
 from aggregator.log import get_logger, redact_text
 from aggregator.proxy.exposure import Clash, DirectTool, build_direct_tools, log_clashes, name_prefixes
-from aggregator.proxy.passthrough import Passthrough, for_era, passthrough_meta
+from aggregator.proxy.passthrough import Passthrough, caller_of, for_era
+from aggregator.proxy.raw import RawLane, RawRouter
 from aggregator.proxy.relay import Clients
 from aggregator.proxy.routing import build_prompt_table
 from aggregator.proxy.sign_in import RETRY, offer_sign_in
-from aggregator.sdk import without_tracing
-from aggregator.tools.base import OwnTool, ToolContext, fault_result, text_result
+from aggregator.sdk import client_connection, without_tracing
+from aggregator.tools.base import OwnTool, ToolContext, fault_result, invalid_result, text_result
 from aggregator.tools.catalog import CatalogTools
 from aggregator.tools.introspection import introspection_tools
 from aggregator.tools.text_search import DEFAULT_MAX_K, TextSearchTools
@@ -147,6 +148,7 @@ class AggregatorServer:
         self.bus = InMemorySubscriptionBus()
         self.listen = ListenHandler(self.bus)
         self.passthrough = Passthrough(pool, self.clients, self.bus)
+        self.raw = RawRouter(self)
         self.passthrough.on_change = lambda: self._changed.set()  # the event is replaced after each fan-out
         pt = self.passthrough
         self.lowlevel = _Server(
@@ -331,6 +333,8 @@ class AggregatorServer:
 
     async def _track_session(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         self.clients.track(ctx)
+        if isinstance(ctx.request, RawLane):  # a line-based client's lane learns its connection
+            ctx.request.bind(client_connection(ctx.session))
         if ctx.request_id is not None and (
             ctx.method.startswith("tasks/") or (ctx.method == "tools/call" and (ctx.params or {}).get("task"))
         ):
@@ -360,31 +364,45 @@ class AggregatorServer:
     # ------------------------------------------------------------ tools/call
 
     async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
-        """Run the call; one that needs an upstream's sign-in offers the client the link (`proxy/sign_in.py`)."""
+        return await self.call_tool_for(params.name, params.arguments or {}, caller_of(ctx), ctx.protocol_version)
+
+    async def call_tool_for(
+        self, name: str, arguments: Mapping[str, Any], tool_ctx: ToolContext, protocol_version: str | None
+    ) -> Any:
+        """A client's `tools/call`, on the full path or the raw one (`proxy/raw.py`).
+
+        One that needs an upstream's sign-in offers the client the link (`proxy/sign_in.py`). The
+        result as `_call_result` checks it for `protocol_version`; None: unchecked (the raw path
+        checks it with the sieve it must run anyway, `raw_call_result`).
+        """
         try:
-            return await self._run_tool(ctx, params)
+            return await self._run_tool(name, arguments, tool_ctx, protocol_version)
         except SignInNeeded as needed:
             try:
-                if await offer_sign_in(self.pool, needed, ctx) is RETRY:
-                    return await self._run_tool(ctx, params)
+                if await offer_sign_in(self.pool, needed, tool_ctx.origin) is RETRY:
+                    return await self._run_tool(name, arguments, tool_ctx, protocol_version)
             except Fault as fault:
                 return fault_result(fault)
             return fault_result(needed)
 
-    async def _run_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
-        name = params.name
-        arguments: Mapping[str, Any] = params.arguments or {}
-        tool_ctx = ToolContext(report_progress=ctx.session.report_progress, extra=passthrough_meta(ctx), origin=ctx)
+    async def _run_tool(
+        self, name: str, arguments: Mapping[str, Any], tool_ctx: ToolContext, protocol_version: str | None
+    ) -> Any:
         try:
             own = self._own.get(name)
             if own is not None:
-                return _call_result(await own.handler(arguments, tool_ctx), ctx.protocol_version)
+                return _call_result(await own.handler(arguments, tool_ctx), protocol_version)
             direct = await self._direct_tool(name)
             if direct is not None:
                 result = await self.pool.call_tool(
-                    direct.server, direct.tool, arguments, tool_ctx.report_progress, extra=tool_ctx.extra, origin=ctx
+                    direct.server,
+                    direct.tool,
+                    arguments,
+                    tool_ctx.report_progress,
+                    extra=tool_ctx.extra,
+                    origin=tool_ctx.origin,
                 )
-                return _call_result(result, ctx.protocol_version)
+                return _call_result(result, protocol_version)
             return fault_result(Fault("unknown_tool", f"no tool named {name!r}; use catalog_search_tools"))
         except SignInNeeded:
             raise
@@ -394,6 +412,14 @@ class AggregatorServer:
             log.exception("tool failed", tool=name)
             message = redact_text(f"internal error in aggregator tool {name}: {type(exc).__name__}: {exc}")
             return text_result(message, is_error=True)
+
+    @property
+    def own_tool_names(self) -> Mapping[str, OwnTool]:
+        return self._own
+
+    def direct_tool_now(self, name: str) -> DirectTool | None:
+        """The direct tool `name` as listed now (no upstream is started to find it)."""
+        return self._direct.get(name)
 
     async def _direct_tool(self, name: str) -> DirectTool | None:
         """The direct tool `name`; a call before any tools/list starts the direct upstreams to find it."""
@@ -417,7 +443,7 @@ def _shown(names: list[str]) -> str:
     return ", ".join(names[:12]) + (", …" if len(names) > 12 else "")
 
 
-def _call_result(result: Any, protocol_version: str) -> Any:
+def _call_result(result: Any, protocol_version: str | None) -> Any:
     """An upstream's raw tools/call result as the client's protocol era requires (`for_era`), checked.
 
     A 2026-07-28 client requires `resultType` on every result; upstreams of the
@@ -425,13 +451,13 @@ def _call_result(result: Any, protocol_version: str) -> Any:
     protocol forbids (no content, content not a list, ...) becomes a fault result:
     the SDK would otherwise answer JSON-RPC -32603 and log a traceback.
     """
+    if protocol_version is None:
+        return result
     result = for_era(result, protocol_version)
     if not isinstance(result, dict):
         return result
     try:
         validate_server_result("tools/call", protocol_version, result)
     except ValidationError as exc:
-        first = exc.errors(include_url=False, include_input=False)[0]
-        where = ".".join(str(part) for part in first["loc"]) or "result"
-        return fault_result(Fault("upstream_error", f"the upstream's result is invalid: {where}: {first['msg']}"))
+        return invalid_result(exc)
     return result

@@ -19,6 +19,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from aggregator.faults import Fault, SignInNeeded
 from aggregator.log import get_logger
+from aggregator.proxy.relay import RawOrigin
 from aggregator.sdk import client_connection
 from aggregator.upstream.pool import UpstreamPool
 
@@ -43,7 +44,7 @@ def opens_links(connection: Any) -> bool:
 async def offer_sign_in(pool: UpstreamPool, fault: SignInNeeded, origin: Any) -> Any:
     """Raise -32042 with the sign-in link for the client of `origin`, or the `Fault` to answer it with;
     `RETRY` if no sign-in is needed after all. Waits for the authorization URL, never for the user."""
-    connection = client_connection(getattr(origin, "session", None))
+    connection = origin.connection if isinstance(origin, RawOrigin) else client_connection(getattr(origin, "session", None))
     config = pool.connection(fault.upstream).config
     if not opens_links(connection) or config.auth not in (None, "oauth"):  # only a browser sign-in has a link
         raise fault

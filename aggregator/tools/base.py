@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mcp.types as types
+from pydantic import ValidationError
 
 from aggregator.catalog.caps import dumps
 from aggregator.catalog.model import Catalog
@@ -82,6 +83,13 @@ def fault_result(fault: Fault) -> types.CallToolResult:
         structured_content=fault.to_dict(),
         is_error=True,
     )
+
+
+def invalid_result(exc: ValidationError) -> types.CallToolResult:
+    """The fault result that replaces an upstream's tools/call result the client's protocol forbids."""
+    first = exc.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(part) for part in first["loc"]) or "result"
+    return fault_result(Fault("upstream_error", f"the upstream's result is invalid: {where}: {first['msg']}"))
 
 
 READ_ONLY = {"readOnlyHint": True, "openWorldHint": False}

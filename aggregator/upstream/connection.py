@@ -40,7 +40,8 @@ from aggregator.upstream.catalog_listing import catalog_contents, list_catalog
 from aggregator.upstream.client_sessions import ClientSessions
 from aggregator.upstream.oauth_providers import Authenticator
 from aggregator.upstream.oauth_signin import SignInRequired
-from aggregator.upstream.session import Downstream, NoDownstream, UpstreamSession, Via, offered_names
+from aggregator.upstream.raw_calls import RawCalls, SettleInOrder
+from aggregator.upstream.session import Downstream, NoDownstream, Params, UpstreamSession, Via, offered_names
 from aggregator.upstream.start_errors import describe_start_error, leaf_exceptions
 from aggregator.upstream.transports import TOO_LARGE, StderrTail, TransportHandle, open_transport
 
@@ -218,7 +219,9 @@ class UpstreamConnection:
         """The session over `handle`: the shared one (`run`), or the own session of `client`."""
 
         async def on_message(message: Any) -> None:
-            if run is not None:
+            if isinstance(message, SettleInOrder):  # a raw answer, behind the lines that came before it
+                message.apply()
+            elif run is not None:
                 await self._handle_message(run, message)  # a client's own session never re-lists the catalog
 
         async def on_request(method: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -260,6 +263,13 @@ class UpstreamConnection:
     def _in_flight(self, client: Any) -> list[Any]:
         """The requests in flight on the session of `client` (None: the shared session)."""
         return [origin for origin, via in list(self._origins.values()) if via is client]
+
+    @property
+    def raw_requests(self) -> int:
+        """Requests the running shared session sent on the raw leg (`raw_calls.py`); 0 when not running."""
+        run = self._run
+        raw = run.handle.raw if run is not None and run.handle is not None else None
+        return raw.sent if raw is not None else 0
 
     @property
     def busy(self) -> int:
@@ -498,7 +508,11 @@ class UpstreamConnection:
                     await progress(value, total, message)
 
             try:
-                result = await raw_request(session, method, dict(params) if params else None, on_progress)
+                raw = self._raw_leg(handle, client, params)
+                if raw is not None:
+                    result = await raw.request(method, dict(params) if params else None, on_progress)
+                else:
+                    result = await raw_request(session, method, dict(params) if params else None, on_progress)
             except MCPError as exc:
                 lost = exc.code == CONNECTION_CLOSED or (handle is not None and handle.closed.is_set())
                 if lost and client is not None and handle is not None:
@@ -518,6 +532,16 @@ class UpstreamConnection:
             raise Fault("timeout", f"{what} did not answer within {budget:g}s (no progress either)")
         self._failures = 0
         return result
+
+    def _raw_leg(self, handle: TransportHandle | None, client: Any, params: Params) -> RawCalls | None:
+        """The raw requests of the shared stdio session, when this request may bypass the SDK session.
+
+        Not with `call_path: full`, not on a client's own session (it is the SDK's), and not for a
+        task-augmented request (its answers and notifications belong to the task machinery).
+        """
+        if self.config.call_path != "raw" or client is not None or handle is None or (params and "task" in params):
+            return None
+        return handle.raw
 
     def _call_fault(self, run: _Run | None, exc: MCPError) -> Fault:
         """The fault for a failed call. A JSON-RPC error is the upstream's answer, and the

@@ -36,6 +36,7 @@ from aggregator.log import get_logger, redact_text
 from aggregator.safetext import SurrogateEscapes
 from aggregator.sdk import HTTP_TIMEOUT_SECONDS, SSE_READ_TIMEOUT_SECONDS
 from aggregator.upstream.guard_client import open_guarded_process
+from aggregator.upstream.raw_calls import LineWriter, RawCalls
 from aggregator.upstream.server_messages import parse_upstream_line
 from aggregator.wire import LineSplitter, MessageTooLarge, encode, error_answer
 
@@ -117,6 +118,7 @@ class TransportHandle:
     pid: int | None = None
     overflow: bool = False  # the peer sent a message over `limit`
     limit: int = 0  # max_message_bytes of this upstream
+    raw: RawCalls | None = None  # stdio: requests that bypass the SDK session (`raw_calls.py`)
 
 
 @asynccontextmanager
@@ -321,12 +323,15 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
     stderr.feed(err_read)
     to_session, read = anyio.create_memory_object_stream[SessionMessage | Exception](64)
     write, from_session = anyio.create_memory_object_stream[SessionMessage](64)
+    assert process.stdin is not None
     handle = TransportHandle(read, write, pid=process.pid, limit=config.max_message_bytes)
+    stdin = LineWriter(process.stdin, lambda: _closed(handle))
     try:
         async with anyio.create_task_group() as tg:
+            handle.raw = RawCalls(stdin, tg.start_soon, to_session)
             tg.start_soon(_read_stdout, process, to_session, handle)
-            tg.start_soon(_write_stdin, process, from_session, to_session, handle.closed)
-            tg.start_soon(_watch_exit, process, to_session, handle.closed)
+            tg.start_soon(_write_stdin, stdin, from_session, to_session)
+            tg.start_soon(_watch_exit, process, to_session, handle)
             try:
                 yield handle
             finally:
@@ -334,6 +339,7 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
     finally:
         with anyio.CancelScope(shield=True):
             await _stop_process(process)
+            _closed(handle)
             for stream in (to_session, read, write, from_session):
                 await stream.aclose()
 
@@ -366,56 +372,66 @@ async def _read_stdout(
 ) -> None:
     assert process.stdout is not None
     splitter = LineSplitter(handle.limit)
+    raw = handle.raw
     try:
         async for chunk in process.stdout:
             for line in splitter.feed(chunk):
-                if line.strip():
+                if line.strip() and not (raw is not None and await raw.claim(line)):
                     await to_session.send(parse_upstream_line(line))
+                    if raw is not None:
+                        raw.forwarded()
     except MessageTooLarge as exc:
         handle.overflow = True
         log.warning("upstream message too large; dropping the connection", error=str(exc))
     except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
         pass
     finally:
-        handle.closed.set()
+        _closed(handle)
         await to_session.aclose()  # the session sees the end and fails pending requests
 
 
+def _closed(handle: TransportHandle) -> None:
+    """The peer is gone: the connection notices, and raw requests fail as the session's do."""
+    handle.closed.set()
+    if handle.raw is not None:
+        handle.raw.close()
+
+
 async def _watch_exit(
-    process: anyio.abc.Process, to_session: MemoryObjectSendStream[SessionMessage | Exception], closed: anyio.Event
+    process: anyio.abc.Process, to_session: MemoryObjectSendStream[SessionMessage | Exception], handle: TransportHandle
 ) -> None:
     """End the connection when the child exits, even if a grandchild keeps its stdout open.
 
     Polls `returncode` (on asyncio, `wait()` also waits for pipe EOF, which such a
     grandchild never gives), then lets the reader drain what is already buffered.
     """
+    closed = handle.closed
     while process.returncode is None and not closed.is_set():
         await anyio.sleep(EXIT_POLL_SECONDS)
     if closed.is_set():
         return
     with anyio.move_on_after(0.5):
         await closed.wait()
-    closed.set()
+    _closed(handle)
     await to_session.aclose()
 
 
 async def _write_stdin(
-    process: anyio.abc.Process,
+    stdin: LineWriter,
     from_session: MemoryObjectReceiveStream[SessionMessage],
     to_session: MemoryObjectSendStream[SessionMessage | Exception],
-    closed: anyio.Event,
 ) -> None:
-    assert process.stdin is not None
+    """The session's messages to the upstream's stdin (raw requests write their own lines to `stdin`)."""
     try:
         async for message in from_session:
             line = encode(message)
             if line:
-                await process.stdin.send(line)
+                await stdin.send(line)
             elif isinstance(message.message, types.JSONRPCRequest):  # never sent: its caller is answered now
                 answer = error_answer(message.message.id, "the request could not be serialised as JSON")
                 await to_session.send(SessionMessage(answer))
-    except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-        closed.set()
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+        pass  # `stdin` has marked the connection closed
 
 
 async def _stop_process(process: anyio.abc.Process) -> None:

@@ -1,0 +1,307 @@
+"""The raw path of a client's request to one upstream: answered without the SDK's server runner.
+
+A proxied call through the SDK crosses its server runner (a context, middleware, params
+validated into a model, the result dumped and sieved, a response model encoded) and its
+client session. On a line-based client (stdio, or a service client over the Unix socket),
+a `tools/call` to a direct tool or `catalog_call_tool`, a `prompts/get`, a `resources/read` or
+a `completion/complete` is taken here instead, after `parse_client_line` has checked the
+envelope and the SDK's own validator the params: the same handler code runs
+(`AggregatorServer.call_tool_for`, `Passthrough.*_for`: lazy start, name resolution, faults,
+secrets masking and `on_call_result` are those of the full path), its result is sieved exactly
+as the SDK's runner sieves it and written to the client as bytes with the client's own id.
+Upstream, the request goes as bytes too (`upstream/raw_calls.py`) unless that upstream says
+`call_path: full`.
+
+A request falls back to the full path, with a debug line `raw path not taken` naming the rule,
+when: the client has not finished its handshake or speaks 2026-07-28 (`era`); the SDK's
+validator refuses the params (`params`: the SDK answers them); the request is task-augmented
+(`task`); its target is not known without starting anything, or is one of our own tools
+(`target`); the target upstream says `call_path: full` (`call_path`); or the client reuses an
+id still in flight (`duplicate_id`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any, Protocol
+
+import anyio
+import anyio.abc
+import mcp.types as types
+import pydantic_core
+from mcp.server.caching import CacheHint
+from mcp.server.connection import Connection
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
+from mcp_types.jsonrpc import CONNECTION_CLOSED
+from mcp_types.methods import is_input_required, serialize_server_result, validate_client_request
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, ValidationError
+
+from aggregator.log import get_logger
+from aggregator.proxy.passthrough import for_era, forwarded_meta
+from aggregator.proxy.relay import RawOrigin
+from aggregator.tools.base import ToolContext, invalid_result
+from aggregator.wire import encode
+
+if TYPE_CHECKING:
+    from aggregator.proxy.server import AggregatorServer
+
+log = get_logger(__name__)
+
+CATALOG_CALL = "catalog_call_tool"
+RAW_METHODS = frozenset({"tools/call", "prompts/get", "resources/read", "completion/complete"})
+SHUTDOWN_WRITE_SECONDS = 2.0  # as the SDK bounds its own answers at shutdown
+INVALID_RESULT = "Handler returned an invalid result"  # the SDK runner's words
+
+
+class Replies(Protocol):
+    """Where a lane writes: its client's outbox."""
+
+    async def send(self, line: bytes) -> None: ...
+
+    def send_nowait(self, line: bytes) -> None: ...
+
+
+Done = Callable[[Any], None]
+"""Told when a raw call's answer is on its way to the client (or none is due): its in-flight slot is free."""
+
+
+class RawRouter:
+    """The server's side of the raw path: which calls may take it, and running them."""
+
+    def __init__(self, server: AggregatorServer) -> None:
+        self.server = server
+        self.taken = 0  # calls answered on the raw path (tests read it)
+        self.fallbacks: dict[str, int] = {}  # rule → calls that fell back to the full path
+
+    def lane(self, replies: Replies, done: Done) -> RawLane:
+        """The raw calls of one client, answered through `replies` (`downstream/stdio.py`'s `Outbox`)."""
+        return RawLane(self, replies, done)
+
+    def fallback(self, rule: str, request_id: Any) -> None:
+        self.fallbacks[rule] = self.fallbacks.get(rule, 0) + 1
+        log.debug("raw path not taken", rule=rule, id=request_id)
+
+    def route(self, method: str, params: Mapping[str, Any]) -> str | None:
+        """Why a valid request must take the full path (a rule's name), or None."""
+        upstream = self._target(method, params)
+        config = self.server.pool.config.upstreams.get(upstream) if upstream is not None else None
+        if config is None:  # unknown, or gone with a config reload
+            return "target"
+        if config.call_path != "raw":
+            return "call_path"
+        return None
+
+    def _target(self, method: str, params: Mapping[str, Any]) -> str | None:
+        """The upstream a request goes to, as known now (None: not known without starting anything)."""
+        passthrough = self.server.passthrough
+        if method == "prompts/get":
+            return passthrough.prompt_owner(params["name"])
+        if method == "resources/read":
+            return passthrough.resources.resolve(str(params["uri"]))
+        if method == "completion/complete":
+            return passthrough.completion_owner(params)
+        name = params["name"]
+        if name == CATALOG_CALL:
+            server = (params.get("arguments") or {}).get("server")
+            return self.server.pool.resolve(server) if isinstance(server, str) else None
+        if name in self.server.own_tool_names:
+            return None
+        direct = self.server.direct_tool_now(name)
+        return direct.server if direct is not None else None
+
+    async def answer(self, method: str, params: Mapping[str, Any], caller: ToolContext, version: str) -> Any:
+        """What the full path's handler for `method` returns (an `MCPError` raised as it would be)."""
+        passthrough = self.server.passthrough
+        if method == "tools/call":
+            return await self.server.call_tool_for(params["name"], params.get("arguments") or {}, caller, None)
+        if method == "prompts/get":
+            return await passthrough.get_prompt_for(params, caller, version)
+        if method == "resources/read":
+            return await passthrough.read_resource_for(params, caller, version)
+        return await passthrough.complete_for(params, caller, version)
+
+
+class RawLane:
+    """One client's raw calls: started from its reader, cancelled by its `notifications/cancelled`."""
+
+    def __init__(self, router: RawRouter, replies: Replies, done: Done) -> None:
+        self.router = router
+        self._replies = replies
+        self._done = done
+        self.connection: Connection | None = None  # learnt from the first request the SDK handles
+        self._calls: dict[Any, anyio.CancelScope] = {}
+
+    def bind(self, connection: Connection) -> None:
+        if self.connection is None:
+            self.connection = connection
+
+    def accepts(self, message: types.JSONRPCRequest, *, duplicate: bool = False) -> bool:
+        """Whether this request takes the raw path (else the SDK's runner gets it).
+
+        `duplicate`: the client's id is that of a request still in flight (on either path).
+        """
+        if message.method not in RAW_METHODS:
+            return False
+        try:
+            rule = "duplicate_id" if duplicate else self._rule(message)
+        except Exception as exc:  # a bug here must not end the client's session: the full path answers
+            log.warning("raw path check failed", error=f"{type(exc).__name__}: {exc}"[:300])
+            rule = "error"
+        if rule is not None:
+            self.router.fallback(rule, message.id)
+            return False
+        return True
+
+    def _rule(self, message: types.JSONRPCRequest) -> str | None:
+        connection = self.connection
+        if (
+            connection is None
+            or not connection.initialize_accepted
+            or connection.protocol_version in MODERN_PROTOCOL_VERSIONS
+        ):
+            return "era"
+        params = message.params
+        try:
+            validate_client_request(message.method, connection.protocol_version, params)
+        except (ValidationError, ValueError, KeyError):
+            return "params"
+        assert params is not None  # the four methods require params
+        if "task" in params:
+            return "task"
+        return self.router.route(message.method, params)
+
+    def start(self, message: types.JSONRPCRequest, task_group: anyio.abc.TaskGroup) -> None:
+        scope = self._calls[message.id] = anyio.CancelScope()
+        task_group.start_soon(self._run, message, scope)
+
+    def cancel(self, params: Mapping[str, Any] | None) -> bool:
+        """A client's `notifications/cancelled` for one of our calls: cancel it (no answer is due)."""
+        request_id = params.get("requestId") if params else None
+        scope = self._calls.get(request_id) if isinstance(request_id, str | int) else None
+        if scope is None:
+            return False
+        scope.cancel()
+        return True
+
+    async def _run(self, message: types.JSONRPCRequest, scope: anyio.CancelScope) -> None:
+        """One call; its answer written unless the client cancelled it (or the session ended)."""
+        try:
+            line: bytes | None = None
+            with scope:
+                line = await self._call(message)
+            if line is not None:
+                with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await self._replies.send(line)
+        except anyio.get_cancelled_exc_class():
+            if line is None:  # the session is ending: answered as the SDK answers its own requests then
+                await self._answer_at_shutdown(message.id)
+            raise
+        finally:
+            del self._calls[message.id]
+            self._done(message.id)
+
+    async def _answer_at_shutdown(self, request_id: Any) -> None:
+        line = _error_line(request_id, CONNECTION_CLOSED, "Connection closed")
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(SHUTDOWN_WRITE_SECONDS),
+            suppress(anyio.BrokenResourceError, anyio.ClosedResourceError),
+        ):
+            await self._replies.send(line)
+
+    async def _call(self, message: types.JSONRPCRequest) -> bytes:
+        assert self.connection is not None and message.params is not None
+        params, method = message.params, message.method
+        version = self.connection.protocol_version
+        caller = ToolContext(
+            report_progress=self._progress(params),
+            extra=forwarded_meta(params),
+            origin=RawOrigin(self.connection, message.id),
+        )
+        self.router.taken += 1
+        try:
+            result = await self.router.answer(method, params, caller, version)
+        except Exception as exc:  # as the SDK's dispatcher answers a handler's exception
+            return _error_answer(message.id, method, exc)
+        return _result_line(message.id, method, result, version, self.router.server.lowlevel.cache_hints.get(method))
+
+    def _progress(self, params: Mapping[str, Any]) -> Any:
+        """The client's progress token, reported to as the SDK's `report_progress` does (never blocking)."""
+        meta = params.get("_meta")
+        token = meta.get("progressToken") if isinstance(meta, Mapping) else None
+        if not isinstance(token, str | int) or isinstance(token, bool):  # as the SDK reads it
+            return _no_progress
+        replies = self._replies
+
+        async def report(progress: float, total: float | None, message: str | None) -> None:
+            body: dict[str, Any] = {"progressToken": token, "progress": progress}
+            if total is not None:
+                body["total"] = total
+            if message is not None:
+                body["message"] = message
+            try:  # from the upstream's reader: never wait on a client that does not read
+                replies.send_nowait(_line({"jsonrpc": "2.0", "method": "notifications/progress", "params": body}))
+            except anyio.WouldBlock:
+                log.debug("progress not relayed: the client's writer is full", token=token)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+
+        return report
+
+
+async def _no_progress(progress: float, total: float | None, message: str | None) -> None:
+    return None
+
+
+def _result_line(request_id: Any, method: str, result: Any, version: str, hint: CacheHint | None) -> bytes:
+    """The answer as the full path writes it: for `tools/call` `_call_result`'s check; then the SDK
+    runner's cache hint, dump and sieve for the client's version (one validation does the check and
+    the sieve), in a response with the client's id."""
+    result = for_era(result, version)
+    if hint is not None and isinstance(result, Mapping) and not is_input_required(result):
+        result = {"ttlMs": hint.ttl_ms, "cacheScope": hint.scope, **result}
+    try:
+        dumped = serialize_server_result(method, version, _dumped(result))
+    except ValidationError as exc:
+        if method != "tools/call":
+            log.exception("handler for %r returned an invalid result", method)
+            return _encoded_error(request_id, types.ErrorData(code=types.INTERNAL_ERROR, message=INVALID_RESULT))
+        dumped = serialize_server_result(method, version, _dumped(invalid_result(exc)))  # as `_call_result`
+    try:
+        return _line({"jsonrpc": "2.0", "id": request_id, "result": dumped})
+    except (ValueError, TypeError) as exc:
+        log.warning("a message could not be serialised", kind="JSONRPCResponse", error=str(exc)[:200])
+        return _error_line(request_id, types.INTERNAL_ERROR, "the answer could not be serialised as JSON")
+
+
+def _error_answer(request_id: Any, method: str, exc: Exception) -> bytes:
+    """A handler's exception as the SDK's dispatcher answers it (`handler_exception_to_error_data`)."""
+    if isinstance(exc, MCPError):
+        error = exc.error
+    elif isinstance(exc, ValidationError):
+        error = types.ErrorData(code=types.INVALID_PARAMS, message="Invalid request parameters", data="")
+    else:
+        log.error("handler raised", method=method, error=f"{type(exc).__name__}: {exc}"[:300])
+        error = types.ErrorData(code=0, message=str(exc))
+    return _encoded_error(request_id, error)
+
+
+def _encoded_error(request_id: Any, error: types.ErrorData) -> bytes:
+    return encode(SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)))
+
+
+def _dumped(result: Any) -> dict[str, Any]:
+    if isinstance(result, BaseModel):
+        return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return dict(result)
+
+
+def _error_line(request_id: Any, code: int, message: str) -> bytes:
+    return _line({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+
+
+def _line(message: Any) -> bytes:
+    return pydantic_core.to_json(message) + b"\n"

@@ -1,0 +1,308 @@
+"""The raw leg to a stdio upstream: a request written as bytes, its answer claimed by id.
+
+The SDK's client session costs about a third of a proxied call (a pydantic model and a
+dispatcher round per message, anyio bookkeeping). A request sent here is one JSON line with
+an id of ours, ``"agg-N"`` (a string: the SDK's own ids are integers, so the two never
+collide). The upstream's reader offers every line to `claim` before the SDK session sees it:
+an answer to one of our ids resolves its waiter, a progress notification with our token
+reaches the caller's progress function (which restarts its deadline). The rest goes to the
+SDK session as before: the handshake, listings, the upstream's own requests and notifications.
+
+What the SDK does for its requests is done here too: an answer that the fast parser refuses
+(too deep, invalid Unicode, not JSON-RPC) is read as `parse_upstream_line` reads it for the
+SDK, so the caller gets the same error; a caller cancelled (the client cancelled, or its
+deadline passed) sends `notifications/cancelled` with our id; the end of the connection fails
+every waiter with the SDK's own `Connection closed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+import mcp.types as types
+import pydantic_core
+from anyio.streams.memory import MemoryObjectSendStream
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
+from mcp_types.jsonrpc import CONNECTION_CLOSED
+
+from aggregator.log import get_logger
+from aggregator.sdk import ProgressFn
+from aggregator.upstream.server_messages import MAX_RESULT_NESTING, parse_upstream_line
+
+log = get_logger(__name__)
+
+ID_PREFIX = "agg-"
+_MARK = b'"agg-'  # every line that concerns a raw request names one of our ids
+CANCEL_WRITE_SECONDS = 2.0  # as the SDK's courtesy cancel: never wait long on a stuck pipe
+
+
+@dataclass(eq=False, slots=True)
+class _Pending:
+    progress: ProgressFn | None
+    done: anyio.Event = field(default_factory=anyio.Event)
+    outcome: dict[str, Any] | MCPError | None = None
+
+    def settle(self, outcome: dict[str, Any] | MCPError) -> None:
+        if not self.done.is_set():
+            self.outcome = outcome
+            self.done.set()
+
+
+_Settled = tuple[_Pending, "dict[str, Any] | MCPError"]
+
+
+class SettleInOrder(Exception):  # not an error: a marker on the session's stream
+    """A raw answer's settling, sent down the SDK session's read stream behind the lines before it.
+
+    The session hands stream exceptions to its message handler (`UpstreamConnection`), in order;
+    the handler calls `apply`.
+    """
+
+    def __init__(self, apply: Callable[[], None]) -> None:
+        super().__init__("a raw answer settled in order")
+        self.apply = apply
+
+
+class LineWriter:
+    """The upstream's stdin, shared by the session's writer task and raw requests: a line at a time.
+
+    A raw request writes its line itself (no hop through the writer task); the lock keeps a line
+    that a full pipe cut in two from being interleaved with another. `on_broken` is told when the
+    pipe is gone.
+    """
+
+    def __init__(self, stream: anyio.abc.ByteSendStream, on_broken: Callable[[], None] = lambda: None) -> None:
+        self._stream = stream
+        self._lock = anyio.Lock(fast_acquire=True)
+        self._on_broken = on_broken
+
+    async def send(self, line: bytes) -> None:
+        """Write `line`; a closed or broken pipe raises `anyio.BrokenResourceError` (after `on_broken`)."""
+        try:
+            async with self._lock:
+                await self._stream.send(line)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
+            self._on_broken()
+            raise anyio.BrokenResourceError from exc
+
+    async def aclose(self) -> None:
+        with suppress(Exception):
+            await self._stream.aclose()
+
+
+class RawCalls:
+    """Requests to one stdio upstream that bypass the SDK session; `claim` is fed by its reader.
+
+    `send`: the upstream's stdin; `spawn`: starts a task (progress is delivered in one);
+    `session`: the SDK session's read stream, for settling in order (`_settle_in_order`).
+    """
+
+    def __init__(
+        self,
+        send: LineWriter,
+        spawn: Callable[..., Any],
+        session: MemoryObjectSendStream[SessionMessage | Exception] | None = None,
+    ) -> None:
+        self._send = send
+        self._spawn = spawn  # starts a task beside the reader (the transport's task group)
+        self._session = session
+        self._forwarded = 0  # lines the reader handed to the SDK session ...
+        self._caught_up = 0  # ... of which the session has surely dispatched this many
+        self._pending: dict[str, _Pending] = {}
+        self._next = 0
+        self.closed = False
+        self.sent = 0  # requests written so far (tests and `doctor`-style checks read it)
+
+    async def request(self, method: str, params: dict[str, Any] | None, progress: ProgressFn | None = None) -> Any:
+        """Send `method` and return the upstream's raw result; its JSON-RPC error raised as `MCPError`."""
+        if self.closed:
+            raise MCPError(CONNECTION_CLOSED, "Connection closed")
+        self._next += 1
+        request_id = f"{ID_PREFIX}{self._next}"
+        line = _request_line(request_id, method, params, progress is not None)
+        pending = self._pending[request_id] = _Pending(progress)
+        written = False
+        try:
+            try:
+                await self._send.send(line)
+            except anyio.BrokenResourceError:
+                raise MCPError(CONNECTION_CLOSED, "Connection closed") from None
+            written = True
+            self.sent += 1
+            await pending.done.wait()
+        except anyio.get_cancelled_exc_class():
+            if written and not self.closed:
+                await self._cancel(request_id)
+            raise
+        finally:
+            del self._pending[request_id]
+        if isinstance(pending.outcome, MCPError):
+            raise pending.outcome
+        return pending.outcome
+
+    async def _cancel(self, request_id: str) -> None:
+        """The courtesy `notifications/cancelled` the SDK sends for a request its caller abandoned."""
+        params = {"requestId": request_id, "reason": "caller cancelled"}
+        line = _line({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(CANCEL_WRITE_SECONDS),
+            suppress(anyio.ClosedResourceError, anyio.BrokenResourceError),
+        ):
+            await self._send.send(line)
+
+    async def claim(self, line: bytes) -> bool:
+        """Take `line` if it answers (or reports progress on) one of our requests; False: not ours."""
+        if not self._pending or _MARK not in line:
+            return False
+        data = _fast_parse(line)
+        if data is None:  # what the SDK's reader would make of it, for the same outcome
+            claimed, settled = self._claim_parsed(parse_upstream_line(line))
+        elif "method" not in data:
+            claimed, settled = self._claim_answer(data, line)
+        elif data["method"] == "notifications/progress":
+            return self._claim_progress(data.get("params"))
+        else:
+            return False
+        if settled is not None:
+            await self._settle_in_order(*settled)
+        return claimed
+
+    def forwarded(self) -> None:
+        """The reader handed a line to the SDK session (see `_settle_in_order`)."""
+        self._forwarded += 1
+
+    async def _settle_in_order(self, pending: _Pending, outcome: dict[str, Any] | MCPError) -> None:
+        """Settle `pending` once the SDK session has dispatched every line that came before its answer.
+
+        A log message or other notification sent just before the answer must find the request still
+        in flight (`proxy/relay.py` routes it to the request's client), as on the SDK's own path. So
+        when the session may be behind, the settling goes through its stream, after those lines.
+        """
+        if self._caught_up == self._forwarded or self._session is None:
+            pending.settle(outcome)
+            return
+        mark = self._forwarded
+
+        def settle() -> None:
+            self._caught_up = max(self._caught_up, mark)
+            pending.settle(outcome)
+
+        try:
+            await self._session.send(SettleInOrder(settle))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pending.settle(outcome)
+
+    def _claim_answer(self, data: dict[str, Any], line: bytes) -> tuple[bool, _Settled | None]:
+        request_id = data.get("id")
+        if not isinstance(request_id, str) or not request_id.startswith(ID_PREFIX):
+            return False, None
+        pending = self._pending.get(request_id)
+        result, error = data.get("result"), data.get("error")
+        if pending is None:
+            log.debug("late answer to a raw request dropped", id=request_id)
+        elif isinstance(result, dict) and error is None:
+            return True, (pending, result)
+        elif result is None and isinstance(error, dict) and _is_error(error):
+            return True, (pending, MCPError(error["code"], error["message"], error.get("data")))
+        else:  # malformed: as the SDK's reader salvages it
+            return self._claim_parsed(parse_upstream_line(line))
+        return True, None
+
+    def _claim_parsed(self, parsed: SessionMessage | Exception) -> tuple[bool, _Settled | None]:
+        message = parsed.message if isinstance(parsed, SessionMessage) else None
+        if not isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
+            return False, None
+        pending = self._pending.get(message.id) if isinstance(message.id, str) else None
+        if pending is None:
+            return isinstance(message.id, str) and message.id.startswith(ID_PREFIX), None
+        if isinstance(message, types.JSONRPCResponse):
+            return True, (pending, dict(message.result))
+        return True, (pending, MCPError(message.error.code, message.error.message, message.error.data))
+
+    def _claim_progress(self, params: Any) -> bool:
+        """Progress on one of our requests: delivered in a task of its own, as the SDK delivers it (the
+        caller's progress function may wait on its client; the reader must not)."""
+        token = params.get("progressToken") if isinstance(params, dict) else None
+        pending = self._pending.get(token) if isinstance(token, str) else None
+        if pending is None or params is None:
+            return False
+        value = params.get("progress")
+        if pending.progress is not None and isinstance(value, int | float) and not isinstance(value, bool):
+            total, message = params.get("total"), params.get("message")
+            self._spawn(
+                _deliver_progress,
+                pending.progress,
+                float(value),
+                float(total) if isinstance(total, int | float) and not isinstance(total, bool) else None,
+                message if isinstance(message, str) else None,
+            )
+        return True
+
+    def close(self) -> None:
+        """The connection ended: every waiter fails as the SDK fails its requests."""
+        self.closed = True
+        for pending in self._pending.values():
+            pending.settle(MCPError(CONNECTION_CLOSED, "Connection closed"))
+
+
+async def _deliver_progress(progress: ProgressFn, value: float, total: float | None, message: str | None) -> None:
+    try:
+        await progress(value, total, message)
+    except Exception as exc:  # a client gone away must not disturb the upstream
+        log.debug("progress not delivered", error=str(exc)[:200])
+
+
+def _fast_parse(line: bytes) -> dict[str, Any] | None:
+    """`line` as a JSON object, or None where the SDK's parser might disagree (then it decides).
+
+    pydantic-core refuses lone surrogates and invalid UTF-8 as the SDK's parser does; a line
+    with more brackets than the nesting an answer may have might be too deep for a client.
+    """
+    if line.count(b"[") + line.count(b"{") > MAX_RESULT_NESTING:
+        return None
+    try:
+        data = pydantic_core.from_json(line)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _is_error(error: Any) -> bool:
+    return (
+        isinstance(error, dict)
+        and isinstance(error.get("code"), int)
+        and not isinstance(error.get("code"), bool)
+        and isinstance(error.get("message"), str)
+    )
+
+
+def _request_line(request_id: str, method: str, params: dict[str, Any] | None, with_progress: bool) -> bytes:
+    """The request as a line; our id doubles as the progress token (as the SDK's does)."""
+    out = dict(params) if params else {}
+    meta = out.get("_meta")
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    if with_progress:
+        meta["progressToken"] = request_id
+    if meta:
+        out["_meta"] = meta
+    else:
+        out.pop("_meta", None)
+    message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+    if out:
+        message["params"] = out
+    try:
+        return _line(message)
+    except (ValueError, TypeError) as exc:  # as `_write_stdin` answers a request it cannot serialise
+        log.warning("a raw request could not be serialised", error=str(exc)[:200])
+        raise MCPError(types.INTERNAL_ERROR, "the request could not be serialised as JSON") from None
+
+
+def _line(message: Any) -> bytes:
+    return pydantic_core.to_json(message) + b"\n"
