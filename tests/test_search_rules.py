@@ -147,6 +147,52 @@ def test_names_in_a_request_lend_no_lexicon_words() -> None:
     assert names("") == set() and names(None) == set()
 
 
+def test_the_related_terms_table_is_compact_and_one_neighbour_per_meaning() -> None:
+    """Entries parse from the file's compact strings; a neighbour is never the word's own stem, nor
+    the stem of a nearer neighbour; a shorter word the query word starts with is kept (the prefix
+    tier only reaches longer ones)."""
+    table = related_terms()
+    assert len(table) > 30_000 and table.get("no-such-word") == ()
+    lawyer = table["lawyer"]
+    assert "law" in dict(lawyer)  # "lawyer" never prefix-matches "law"
+    for word in ("lawyer", "schedule", "picture", "rows"):
+        stems = [stem(term) for term, _ in table[word]]
+        assert stem(word) not in stems and len(stems) == len(set(stems)), (word, table[word])
+        sims = [sim for _, sim in table[word]]
+        assert sims == sorted(sims, reverse=True) and all(0.5 <= sim <= 1 for sim in sims)
+
+
+def test_a_lexicon_word_lends_only_the_lexicon_words() -> None:
+    """An embedding model's neighbours of "save" include "delete": a word the lexicon knows (tool
+    vocabulary) lends its hand-chosen expansions only, even where the catalog lacks it."""
+    assert "delete" in dict(related_terms()["save"])  # what the table would have lent
+    catalog = synthetic(
+        "notes",
+        {"name": "write_note", "description": "Write a note to disk."},
+        {"name": "delete_note", "description": "Delete a note."},
+    )
+    index, _ = build([catalog])
+    assert not [t for t in index.query_terms("save my note") if t.origin.startswith("related")]
+    assert ranked(index, "save my note")[0] == ("notes", "write_note")
+
+
+def test_a_name_lends_its_related_words_but_no_lexicon_words() -> None:
+    """ "Bitcoin" is a name (capitalised mid-sentence): it lends what it is (cryptocurrency), at the
+    related words' weight; a short name ("Del") lends nothing."""
+    catalog = synthetic(
+        "markets",
+        {"name": "crypto_prices", "description": "Prices of cryptocurrencies."},
+        {"name": "weather", "description": "The forecast for a city."},
+    )
+    index, _ = build([catalog])
+    terms = {t.token: t for t in index.query_terms("what is Bitcoin worth")}
+    assert terms["bitcoin"].origin == "name" and terms["cryptocurrency"].origin == "related: bitcoin"
+    assert terms["cryptocurrency"].weight < DEFAULT_PARAMS.expansion_absent
+    assert ranked(index, "what is Bitcoin worth")[0] == ("markets", "crypto_prices")
+    short = {t.origin for t in index.query_terms("songs by Lana Del Rey")}
+    assert "related: del" not in short and "related: rey" not in short
+
+
 def test_lexicon_expansion_never_outweighs_the_literal_word() -> None:
     terms = {t.token: t for t in query_terms(tokenize("ls image list"), 0.1, 0.3)}
     assert terms["list"].weight == 1.0  # the query's own word, though "ls" also adds it

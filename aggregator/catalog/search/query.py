@@ -16,12 +16,16 @@ small share (`RankingParams.lexicon_tie`), so a tool that says "search",
 "find" and "query" does not outscore one that says "search" once for the query
 "find".
 
-A query word the catalog does not hold at all also lends its related words
-(`data/related_terms.json`, distilled offline from a sentence-embedding model by
+A query word that the catalog does not hold at all and that the lexicon does
+not know (its words are tool vocabulary, with hand-chosen expansions: an
+embedding model's neighbours of "save" include "delete") lends its related words
+(`data/related_terms.json.gz`, distilled offline from a sentence-embedding model by
 `benchmarks/build_related_terms.py`): "rows" searches "table" and "column", at
 `RankingParams.related_absent` × their similarity, below the lexicon's words.
-A word written as a name ("Del" in "Lana Del Rey") lends nothing and matches
-whole words only; a number counts less than a word (`RankingParams.number`).
+A word written as a name ("Del" in "Lana Del Rey") lends no lexicon words and
+matches whole words only; one of four letters or more lends its related words
+("Bitcoin": cryptocurrency, blockchain), a shorter one ("Del", "Rey") nothing;
+a number counts less than a word (`RankingParams.number`).
 
 Only a word of the query itself may match longer words (the prefix and
 substring tiers): a function word or a lexicon word matches whole words and
@@ -31,10 +35,11 @@ An identifier the query writes (`get_file`) is searched whole, besides its parts
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 
 from stop_words import get_stop_words
@@ -44,6 +49,7 @@ from aggregator.catalog.search.tokens import is_identifier, stem, tokenize
 LITERAL = "query"
 STOP = "stop word"
 NAME = "name"  # a word the query writes as a name: matched whole, lends no lexicon words
+MIN_NAME_RELATED = 4  # a shorter name ("Del", "Rey") is a particle or an initialism: it lends nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,20 +67,50 @@ class QueryTerm:
         return self.origin == LITERAL and not is_identifier(self.token)
 
 
+Related = tuple[tuple[str, float], ...]  # related words of a word, each with its similarity
+
+
+class RelatedTerms:
+    """The table of related words: word → ((word, similarity), ...).
+
+    Each word's entry stays the compact string of the file ("attorneys 0.91 law 0.70")
+    until it is looked up: 37,000 words × 8 parsed pairs would hold ten times the memory.
+    """
+
+    def __init__(self, raw: dict[str, str]) -> None:
+        self._raw = raw
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __getitem__(self, word: str) -> Related:
+        return _parse_related(self._raw[word])
+
+    def get(self, word: str, default: Related = ()) -> Related:
+        text = self._raw.get(word)
+        return default if text is None else _parse_related(text)
+
+
+@lru_cache(maxsize=4096)
+def _parse_related(text: str) -> Related:
+    parts = text.split()
+    return tuple((parts[i], float(parts[i + 1])) for i in range(0, len(parts) - 1, 2))
+
+
 @cache
-def related_terms() -> dict[str, tuple[tuple[str, float], ...]]:
-    """The shipped table of related words (`data/related_terms.json`), loaded once: word → (word, similarity)."""
-    path = resources.files("aggregator.catalog").joinpath("data/related_terms.json")
+def related_terms() -> RelatedTerms:
+    """The shipped table of related words (`data/related_terms.json.gz`), loaded once."""
+    path = resources.files("aggregator.catalog").joinpath("data/related_terms.json.gz")
     if not path.is_file():
-        return {}
-    raw = json.loads(path.read_text("utf-8"))["related"]
-    return {word: tuple((term, float(sim)) for term, sim in pairs) for word, pairs in raw.items()}
+        return RelatedTerms({})
+    return RelatedTerms(json.loads(gzip.decompress(path.read_bytes()))["related"])
 
 
 @dataclass(frozen=True, slots=True)
 class Lexicon:
     expansions: dict[str, tuple[str, ...]]  # stem of a query word → tokens it adds, sorted
     stop_words: frozenset[str]
+    known: frozenset[str]  # stems of every word of the lexicon: tool vocabulary
 
 
 @cache
@@ -96,7 +132,7 @@ def lexicon() -> Lexicon:
     known = set(expansions) | {stem(t) for value in expansions.values() for t in value}
     content = set(raw["content_words"])
     stop = frozenset(w for w in get_stop_words("english") if w.isalpha() and stem(w) not in known and w not in content)
-    return Lexicon(expansions, stop)
+    return Lexicon(expansions, stop, frozenset(known))
 
 
 def query_terms(
@@ -118,7 +154,9 @@ def query_terms(
     instead of `expansion_weight`: they stand in for it ("picture" in a catalog
     that only says "image"). A word in `names` (the query writes it as a name:
     "Del" in "songs by Lana Del Rey") matches whole words only and lends no
-    lexicon words: it is not "delete".
+    lexicon words: it is not "delete". A name of MIN_NAME_RELATED letters or
+    more lends its related words, which stand for what the name is ("Bitcoin":
+    cryptocurrency, blockchain).
     """
     lex = lexicon()
     literal = {t: (STOP if t in lex.stop_words else NAME if t in names else LITERAL) for t in tokens}
@@ -134,16 +172,16 @@ def query_terms(
         offer(QueryTerm(token, weight, origin, token))
     literal_stems = {stem(t) for t in literal}
     for token, origin in sorted(literal.items()):
-        if origin != LITERAL:
+        if origin == STOP or (origin == NAME and len(token) < MIN_NAME_RELATED):
             continue
         weight, related = expansion_weight, related_weight
         if present is not None and not present(token):
             weight = absent_weight if absent_weight is not None else weight
             related = related_absent if related_absent is not None else related
-        for added in lex.expansions.get(stem(token), ()):
+        for added in lex.expansions.get(stem(token), ()) if origin == LITERAL else ():
             if stem(added) not in literal_stems and added not in lex.stop_words:
                 offer(QueryTerm(added, weight, f"lexicon: {token}", token))
-        if related > 0:
+        if related > 0 and stem(token) not in lex.known:  # the lexicon's words have its expansions only
             for added, similarity in related_terms().get(token, ()):
                 if stem(added) not in literal_stems and added not in lex.stop_words:
                     offer(QueryTerm(added, related * similarity, f"related: {token}", token))

@@ -65,7 +65,7 @@ class RankingParams:
     expansion_absent: float = 0.7  # ... for a query word the catalog does not hold at all
     number: float = 0.7  # query weight of a number ("2023" in "Today is 2023-03-17" is rarely the request)
     related: float = 0.0  # query weight (× similarity) of a word the related-terms table adds (query.py)
-    related_absent: float = 0.25  # ... for a query word the catalog does not hold at all
+    related_absent: float = 0.4  # ... for a query word the catalog does not hold at all
     lexicon_tie: float = 0.3  # share of a group's terms other than its best (dis_max tie breaker)
     min_partial: int = 3  # shortest non-CJK query token that may prefix/substring-match
 
