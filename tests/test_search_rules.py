@@ -11,7 +11,7 @@ import pytest
 
 from aggregator.catalog.model import Catalog, clean_tool, sorted_unique
 from aggregator.catalog.search import DEFAULT_PARAMS, ToolSearchIndex, annotation_tokens
-from aggregator.catalog.search.query import lexicon, query_terms, related_terms
+from aggregator.catalog.search.query import QueryTerm, lexicon, query_terms, related_terms
 from aggregator.catalog.search.tokens import identifiers, is_cjk, names, stem, tokenize
 from aggregator.catalog.store import CatalogStore
 
@@ -37,6 +37,12 @@ def build(
 
 def ranked(index: ToolSearchIndex, query: str, limit: int = 50) -> list[tuple[str, str]]:
     return [(h.server, h.tool) for h in index.search(query, limit)]
+
+
+def terms_and_first(query: str, *tools: Mapping[str, Any]) -> tuple[dict[str, QueryTerm], str]:
+    """Over one server's `tools`: the query's terms by token, and the name of its first result."""
+    index, _ = build([synthetic("s", *tools)])
+    return {t.token: t for t in index.query_terms(query)}, ranked(index, query)[0][1]
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -176,21 +182,31 @@ def test_a_lexicon_word_lends_only_the_lexicon_words() -> None:
     assert ranked(index, "save my note")[0] == ("notes", "write_note")
 
 
+def test_a_word_inside_another_word_is_not_held_by_the_catalog() -> None:
+    """ "put" is inside "input", but no tool says "put": it lends its lexicon words at the weight
+    for a word the catalog does not hold, so the tool that inserts rows wins."""
+    terms, first = terms_and_first(
+        "put a row",
+        {"name": "write_query", "description": "Run an INSERT or UPDATE statement."},
+        {"name": "create_table", "description": "Create a new table from the input rows."},
+    )
+    assert terms["insert"].origin == "lexicon: put" and terms["insert"].weight == DEFAULT_PARAMS.expansion_absent
+    assert first == "write_query"
+
+
 def test_a_name_lends_its_related_words_but_no_lexicon_words() -> None:
     """ "Bitcoin" is a name (capitalised mid-sentence): it lends what it is (cryptocurrency), at the
     related words' weight; a short name ("Del") lends nothing."""
-    catalog = synthetic(
-        "markets",
+    terms, first = terms_and_first(
+        "what is Bitcoin worth",
         {"name": "crypto_prices", "description": "Prices of cryptocurrencies."},
         {"name": "weather", "description": "The forecast for a city."},
     )
-    index, _ = build([catalog])
-    terms = {t.token: t for t in index.query_terms("what is Bitcoin worth")}
     assert terms["bitcoin"].origin == "name" and terms["cryptocurrency"].origin == "related: bitcoin"
     assert terms["cryptocurrency"].weight < DEFAULT_PARAMS.expansion_absent
-    assert ranked(index, "what is Bitcoin worth")[0] == ("markets", "crypto_prices")
-    short = {t.origin for t in index.query_terms("songs by Lana Del Rey")}
-    assert "related: del" not in short and "related: rey" not in short
+    assert first == "crypto_prices"
+    short, _ = terms_and_first("songs by Lana Del Rey", {"name": "play", "description": "Play songs."})
+    assert not [t for t in short.values() if t.origin in ("related: del", "related: rey")]
 
 
 def test_lexicon_expansion_never_outweighs_the_literal_word() -> None:

@@ -322,7 +322,9 @@ class ToolSearchIndex:
         )
 
     def _present(self, token: str) -> bool:
-        return self._token_stats(token).weight > 0
+        """Whether some document holds `token` or a word of its stem: "put" inside "input" does not
+        make the catalog hold "put", so "put" still lends its lexicon words in full."""
+        return self._token_stats(token, partial=False).weight > 0
 
     def _query_groups(self, query: str) -> list[list[TokenStats]]:
         """Per query word (sorted), the stats of it and its lexicon words that match anything,
