@@ -11,7 +11,7 @@ import pytest
 
 from aggregator.catalog.model import Catalog, clean_tool, sorted_unique
 from aggregator.catalog.search import DEFAULT_PARAMS, ToolSearchIndex, annotation_tokens
-from aggregator.catalog.search.query import QueryTerm, lexicon, query_terms, related_terms
+from aggregator.catalog.search.query import Commonness, QueryTerm, common_words, lexicon, query_terms, related_terms
 from aggregator.catalog.search.tokens import identifiers, is_cjk, names, stem, tokenize
 from aggregator.catalog.store import CatalogStore
 
@@ -207,6 +207,30 @@ def test_a_name_lends_its_related_words_but_no_lexicon_words() -> None:
     assert first == "crypto_prices"
     short, _ = terms_and_first("songs by Lana Del Rey", {"name": "play", "description": "Play songs."})
     assert not [t for t in short.values() if t.origin in ("related: del", "related: rey")]
+
+
+def test_a_word_common_in_english_weighs_less() -> None:
+    """A catalog's idf cannot tell that "near" or "find" is rarely what a request is about: the
+    shipped table of English word frequencies weighs them down, never below the floor; rare and
+    unknown words, numbers and stop words keep their weight."""
+    assert common_words()["find"] > 5.5 > common_words()["apartments"]
+    commonness = Commonness(slope=0.4, pivot=4.9, floor=0.5)
+    assert commonness.weight("apartments") == commonness.weight("zzqqxxv") == 1.0
+    assert 0.5 <= commonness.weight("near") < 1.0 and commonness.weight("find") < commonness.weight("near")
+    assert Commonness(slope=0.0).weight("find") == 1.0
+    tools = (
+        {"name": "places", "description": "Find places on a map."},
+        {"name": "rentals", "description": "Apartments to rent by month."},
+    )
+    terms, first = terms_and_first("find apartments near the station", *tools)
+    assert terms["find"].weight < terms["near"].weight < terms["apartments"].weight == 1.0
+    assert terms["the"].weight == DEFAULT_PARAMS.stop_word
+    assert first == "rentals"
+    flat = ToolSearchIndex(replace(DEFAULT_PARAMS, common_slope=0.0))
+    store = CatalogStore()
+    flat.attach(store)
+    store.put(synthetic("s", *tools))
+    assert ranked(flat, "find apartments near the station")[0] == ("s", "places")  # a tie without it
 
 
 def test_lexicon_expansion_never_outweighs_the_literal_word() -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from aggregator.catalog.model import Catalog, ToolEntry
 from aggregator.catalog.search.documents import card_fields, server_fields, tool_fields
 from aggregator.catalog.search.explain import Match, explain
-from aggregator.catalog.search.query import QueryTerm, query_terms
+from aggregator.catalog.search.query import Commonness, QueryTerm, query_terms
 from aggregator.catalog.search.retrieval import (
     BIG,
     NO_MATCH,
@@ -319,6 +319,7 @@ class ToolSearchIndex:
             related_weight=p.related,
             number_weight=p.number,
             related_absent=p.related_absent,
+            commonness=Commonness(p.common_slope, p.common_pivot, p.common_floor),
         )
 
     def _present(self, token: str) -> bool:

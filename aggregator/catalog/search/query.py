@@ -25,7 +25,10 @@ embedding model's neighbours of "save" include "delete") lends its related words
 A word written as a name ("Del" in "Lana Del Rey") lends no lexicon words and
 matches whole words only; one of four letters or more lends its related words
 ("Bitcoin": cryptocurrency, blockchain), a shorter one ("Del", "Rey") nothing;
-a number counts less than a word (`RankingParams.number`).
+a number counts less than a word (`RankingParams.number`), and a word the
+more common it is in English at large (`data/common_words.json`, from the
+wordfreq word list; `RankingParams.common_slope`), since a catalog's own
+statistics cannot tell that "near" or "find" is rarely what a request is about.
 
 Only a word of the query itself may match longer words (the prefix and
 substring tiers): a function word or a lexicon word matches whole words and
@@ -106,6 +109,33 @@ def related_terms() -> RelatedTerms:
     return RelatedTerms(json.loads(gzip.decompress(path.read_bytes()))["related"])
 
 
+@cache
+def common_words() -> dict[str, float]:
+    """The shipped table of how common English words are (`data/common_words.json`: word → Zipf
+    frequency, built by `benchmarks/build_common_words.py`), loaded once."""
+    path = resources.files("aggregator.catalog").joinpath("data/common_words.json")
+    if not path.is_file():
+        return {}
+    groups = json.loads(path.read_text("utf-8"))["zipf"]
+    return {word: float(zipf) for zipf, words in groups.items() for word in words.split()}
+
+
+@dataclass(frozen=True, slots=True)
+class Commonness:
+    """How a query word's weight falls with how common it is in English: 1 up to Zipf frequency
+    `pivot`, then `slope` less per unit, never below `floor` (`RankingParams.common_*`)."""
+
+    slope: float = 0.0
+    pivot: float = 4.5
+    floor: float = 0.5
+
+    def weight(self, token: str) -> float:
+        zipf = common_words().get(token) if self.slope > 0 else None
+        if zipf is None or zipf <= self.pivot:
+            return 1.0
+        return max(self.floor, 1.0 - self.slope * (zipf - self.pivot))
+
+
 @dataclass(frozen=True, slots=True)
 class Lexicon:
     expansions: dict[str, tuple[str, ...]]  # stem of a query word → tokens it adds, sorted
@@ -145,6 +175,7 @@ def query_terms(
     related_weight: float = 0.0,
     number_weight: float = 1.0,
     related_absent: float | None = None,
+    commonness: Commonness = Commonness(),
 ) -> list[QueryTerm]:
     """The distinct tokens to search for `tokens`, sorted, each with its highest weight.
 
@@ -154,7 +185,9 @@ def query_terms(
     instead of `expansion_weight`: they stand in for it ("picture" in a catalog
     that only says "image"). A word in `names` (the query writes it as a name:
     "Del" in "songs by Lana Del Rey") matches whole words only and lends no
-    lexicon words: it is not "delete". A name of MIN_NAME_RELATED letters or
+    lexicon words: it is not "delete". A word of the query (not a stop word nor
+    a number) weighs less the more common it is in English (`commonness`): "find"
+    and "near" say less about the tool wanted than "apartment". A name of MIN_NAME_RELATED letters or
     more lends its related words, which stand for what the name is ("Bitcoin":
     cryptocurrency, blockchain).
     """
@@ -168,7 +201,10 @@ def query_terms(
             best[term.token] = term
 
     for token, origin in literal.items():
-        weight = stop_weight if origin == STOP and not all_stop else number_weight if token.isdigit() else 1.0
+        if origin == STOP:
+            weight = 1.0 if all_stop else stop_weight
+        else:
+            weight = number_weight if token.isdigit() else commonness.weight(token)
         offer(QueryTerm(token, weight, origin, token))
     literal_stems = {stem(t) for t in literal}
     for token, origin in sorted(literal.items()):
