@@ -8,6 +8,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aggregator.catalog.model import Catalog, clean_tool, sorted_unique
 from aggregator.catalog.search import DEFAULT_PARAMS, ToolSearchIndex, annotation_tokens
@@ -231,6 +233,26 @@ def test_a_word_common_in_english_weighs_less() -> None:
     flat.attach(store)
     store.put(synthetic("s", *tools))
     assert ranked(flat, "find apartments near the station")[0] == ("s", "places")  # a tie without it
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    text=st.text(max_size=80),
+    slope=st.floats(0.0, 2.0),
+    pivot=st.floats(3.0, 7.0),
+    floor=st.floats(0.05, 1.0),
+)
+def test_query_term_weights_stay_in_bounds_for_any_text(text: str, slope: float, pivot: float, floor: float) -> None:
+    """Whatever the request and the commonness curve: every term weighs more than 0 and at most 1,
+    a query word no less than the floor, and the same text gives the same terms."""
+    commonness = Commonness(slope, pivot, floor)
+    terms = query_terms(tokenize(text), 0.2, 0.2, 0.7, None, names(text), 0.0, 0.7, 0.4, commonness)
+    assert terms == query_terms(tokenize(text), 0.2, 0.2, 0.7, None, names(text), 0.0, 0.7, 0.4, commonness)
+    assert all(0 < t.weight <= 1 for t in terms)
+    assert all(t.weight >= min(floor, 0.7) for t in terms if t.origin in ("query", "name"))
+    words = sorted(common_words(), key=lambda w: (common_words()[w], w))[::500]
+    weights = [commonness.weight(w) for w in words]
+    assert weights == sorted(weights, reverse=True)  # the more common, the lighter
 
 
 def test_lexicon_expansion_never_outweighs_the_literal_word() -> None:
