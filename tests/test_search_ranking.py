@@ -111,6 +111,16 @@ EVERYDAY = [
     ("show me the poster image", {"everything/get-tiny-image", "filesystem/read_media_file"}),
     ("what columns does a table have", {"sqlite/describe_table"}),
     ("who are the people in my knowledge graph", {"memory/read_graph", "memory/search_nodes", "memory/open_nodes"}),
+    ("biggest files in this folder", {"filesystem/list_directory_with_sizes"}),
+    ("connect two people in the graph", {"memory/create_relations"}),
+    ("which directories can you access", {"filesystem/list_allowed_directories"}),
+    # one word of a tool's name ("show", "photos") does not outweigh the rest of the request
+    (
+        "show me everything in my downloads directory",
+        {"filesystem/list_directory", "filesystem/list_directory_with_sizes"},
+    ),
+    ("make a directory called photos", {"filesystem/create_directory"}),
+    ("what branch am I on", {"git/git_branch", "git/git_status"}),
 ]
 
 
