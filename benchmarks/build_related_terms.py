@@ -1,7 +1,7 @@
-"""Rebuild `aggregator/catalog/data/related_terms.json`, the search's table of related words.
+"""Rebuild `aggregator/catalog/data/related_terms.json.gz`, the search's table of related words.
 
     .venv/bin/pip install -e ".[dense]" wordfreq
-    .venv/bin/python benchmarks/build_related_terms.py [--words 20000] [--neighbours 3] [--min-similarity 0.6]
+    .venv/bin/python benchmarks/build_related_terms.py [--words 40000] [--neighbours 8] [--min-similarity 0.5]
 
 The table is distilled offline from a sentence-embedding model, so that the
 search bridges words a tool never uses ("film" for a tool that says "movie")
@@ -14,12 +14,16 @@ without loading any model at run time. Steps, all deterministic:
    unit-length vectors).
 3. A word's related terms are its `--neighbours` nearest other words by cosine
    similarity, kept when the similarity is at least `--min-similarity` and the
-   neighbour is not the same word in another form (same Snowball stem, or one
-   word a prefix of the other: the search's own tiers already join those).
-   Ties break alphabetically.
+   neighbour is not something the search already finds for the word (the same
+   Snowball stem, or a longer word it prefix-matches; a shorter one is kept:
+   "lawyer" → law), nor the same stem as a nearer neighbour (one slot per
+   meaning: "schedule", not also "schedules" and "scheduling"). Ties break
+   alphabetically.
 
-The JSON holds, per word, its related terms with their similarity rounded to
-two decimals, and an `about` block saying how it was built and under which
+The gzipped JSON (mtime 0, so the bytes are reproducible) holds, per word, its
+related terms and their similarity rounded to two decimals as one string
+("lawyer": "attorneys 0.91 lawmaker 0.73 ..."; one string per word keeps the
+table small in memory), and an `about` block saying how it was built and under which
 licences (the model: Apache-2.0; the word list: wordfreq's data, CC BY-SA 4.0,
 so the table is CC BY-SA 4.0 too). No rule names a dataset, a server or a tool.
 """
@@ -27,6 +31,7 @@ so the table is CC BY-SA 4.0 too). No rule names a dataset, a server or a tool.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -37,7 +42,7 @@ from dense_reference import available, embed
 from aggregator.catalog.search.query import lexicon
 from aggregator.catalog.search.tokens import stem
 
-OUT = Path(__file__).resolve().parents[1] / "aggregator" / "catalog" / "data" / "related_terms.json"
+OUT = Path(__file__).resolve().parents[1] / "aggregator" / "catalog" / "data" / "related_terms.json.gz"
 
 
 def vocabulary(size: int) -> list[str]:
@@ -49,7 +54,10 @@ def vocabulary(size: int) -> list[str]:
 
 
 def _same_word(a: str, b: str) -> bool:
-    return stem(a) == stem(b) or a.startswith(b) or b.startswith(a)
+    """Whether neighbour `b` of word `a` is something the search already finds for `a`: the
+    same stem, or a longer word `a` prefix-matches. A shorter word `a` starts with is kept:
+    "lawyer" → law (a query word never matches a shorter one)."""
+    return stem(a) == stem(b) or b.startswith(a)
 
 
 def neighbours(words: list[str], count: int, floor: float) -> dict[str, list[tuple[str, float]]]:
@@ -61,9 +69,11 @@ def neighbours(words: list[str], count: int, floor: float) -> dict[str, list[tup
             i = start + row
             candidates = np.flatnonzero(similarities >= floor)
             ranked = sorted(candidates, key=lambda j: (-round(float(similarities[j]), 4), words[j]))
-            found = []
+            found: list[tuple[str, float]] = []
+            stems: set[str] = set()  # one neighbour per stem: the search matches the others by stem
             for j in ranked:
-                if j != i and not _same_word(words[i], words[j]):
+                if j != i and not _same_word(words[i], words[j]) and stem(words[j]) not in stems:
+                    stems.add(stem(words[j]))
                     found.append((words[j], round(float(similarities[j]), 2)))
                     if len(found) == count:
                         break
@@ -72,11 +82,16 @@ def neighbours(words: list[str], count: int, floor: float) -> dict[str, list[tup
     return table
 
 
+def _compact(related: list[tuple[str, float]]) -> str:
+    """A word's entry as one string: "attorneys 0.91 law 0.70" (`query.RelatedTerms` parses it)."""
+    return " ".join(f"{term} {sim:.2f}" for term, sim in related)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--words", type=int, default=20000)
-    parser.add_argument("--neighbours", type=int, default=3)
-    parser.add_argument("--min-similarity", type=float, default=0.6)
+    parser.add_argument("--words", type=int, default=40000)
+    parser.add_argument("--neighbours", type=int, default=8)
+    parser.add_argument("--min-similarity", type=float, default=0.5)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     if (missing := available()) is not None:
@@ -94,12 +109,17 @@ def main(argv: list[str] | None = None) -> int:
         "words": f"the {args.words} most frequent English words of wordfreq (code Apache-2.0, data CC BY-SA 4.0)",
         "licence": "CC BY-SA 4.0 (the word list's licence; the model's weights are not in the table)",
     }
-    lines = ",\n".join(f"    {json.dumps(w)}: {json.dumps([[t, s] for t, s in table[w]])}" for w in sorted(table))
+    entries = (f"    {json.dumps(w)}: {json.dumps(_compact(table[w]))}" for w in sorted(table))
     head = json.dumps(about, indent=4).replace("\n", "\n  ")
-    text = '{\n  "about": ' + head + ',\n  "related": {\n' + lines + "\n  }\n}\n"
+    text = '{\n  "about": ' + head + ',\n  "related": {\n' + ",\n".join(entries) + "\n  }\n}\n"
     json.loads(text)  # well-formed
-    args.out.write_text(text, encoding="utf-8")
-    print(f"{len(table)} words with related terms of {len(words)}; {len(text)} bytes to {args.out}", file=sys.stderr)
+    packed = gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0)  # mtime 0: byte for byte
+    args.out.write_bytes(packed)
+    print(
+        f"{len(table)} words with related terms of {len(words)}; {len(text)} bytes, "
+        f"{len(packed)} gzipped, to {args.out}",
+        file=sys.stderr,
+    )
     return 0
 
 

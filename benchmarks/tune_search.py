@@ -61,7 +61,9 @@ GRID: dict[str, tuple[float, ...] | tuple[int, ...]] = {
     "min_partial": (3, 4, 5),
     "number": (0.4, 0.7, 1.0),
     "related": (0.0, 0.1, 0.25),
-    "related_absent": (0.0, 0.25, 0.5),
+    "related_absent": (0.0, 0.25, 0.4, 0.55),
+    "common_slope": (0.0, 0.2, 0.35, 0.5),
+    "common_pivot": (4.5, 4.75, 5.0),
 }
 # The starting point before any tuning: textbook BM25 values and round guesses, so that the
 # leave-one-out runs start from weights that never saw the held-out set.
@@ -86,6 +88,8 @@ PRIOR = RankingParams(
     expansion_absent=0.7,
     lexicon_tie=0.3,
     min_partial=3,
+    related_absent=0.25,
+    common_slope=0.0,
 )
 Scores = dict[str, dict[str, float]]  # dataset → {"strict": ratio to bar, "lenient": ratio to bar, ...}
 

@@ -92,6 +92,35 @@ EVERYDAY = [
     # a name in the request is not tool vocabulary ("Del" is not delete)
     ("remember that Lana Del Rey released a new album", {"memory/create_entities", "memory/add_observations"}),
     ("note that Mark Del Toro joined the team", {"memory/add_observations", "memory/create_entities"}),
+    # a name says what it is through its related words, never through the lexicon
+    ("note that Bitcoin hit a new high today", {"memory/add_observations", "memory/create_entities"}),
+    ("remember that Taylor Swift played in Berlin", {"memory/create_entities", "memory/add_observations"}),
+    ("what time is it in Buenos Aires", {"time/get_current_time"}),
+    ("Today is 2023-03-17, what time is it in Berlin?", {"time/get_current_time"}),
+    # sibling verbs: the user's verb is none of the tool's
+    ("rewrite a file", {"filesystem/write_file"}),
+    ("overwrite config.json with new settings", {"filesystem/write_file"}),
+    ("put a new row in the users table", {"sqlite/write_query"}),  # "put" is not held by "input"
+    ("save a note about Bob", {"memory/add_observations", "memory/create_entities"}),
+    ("add a note about the project", {"memory/add_observations", "memory/create_entities"}),
+    ("what day is it", {"time/get_current_time"}),
+    # evidence only in a parameter's description
+    ("read only the last 10 lines of a log file", {"filesystem/read_text_file"}),
+    ("limit the fetched page to 500 characters", {"fetch/fetch"}),
+    # words the right tool never uses
+    ("show me the poster image", {"everything/get-tiny-image", "filesystem/read_media_file"}),
+    ("what columns does a table have", {"sqlite/describe_table"}),
+    ("who are the people in my knowledge graph", {"memory/read_graph", "memory/search_nodes", "memory/open_nodes"}),
+    ("biggest files in this folder", {"filesystem/list_directory_with_sizes"}),
+    ("connect two people in the graph", {"memory/create_relations"}),
+    ("which directories can you access", {"filesystem/list_allowed_directories"}),
+    # one word of a tool's name ("show", "photos") does not outweigh the rest of the request
+    (
+        "show me everything in my downloads directory",
+        {"filesystem/list_directory", "filesystem/list_directory_with_sizes"},
+    ),
+    ("make a directory called photos", {"filesystem/create_directory"}),
+    ("what branch am I on", {"git/git_branch", "git/git_status"}),
 ]
 
 

@@ -3,18 +3,17 @@ small synthetic catalogs: these need no data beside the repository."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregator.catalog.model import Catalog, clean_tool, sorted_unique
 from aggregator.catalog.search import DEFAULT_PARAMS, ToolSearchIndex, annotation_tokens
-from aggregator.catalog.search.query import lexicon, query_terms, related_entries, related_terms
+from aggregator.catalog.search.query import Commonness, QueryTerm, common_words, lexicon, query_terms, related_terms
 from aggregator.catalog.search.tokens import identifiers, is_cjk, names, stem, tokenize
 from aggregator.catalog.store import CatalogStore
 
@@ -40,6 +39,12 @@ def build(
 
 def ranked(index: ToolSearchIndex, query: str, limit: int = 50) -> list[tuple[str, str]]:
     return [(h.server, h.tool) for h in index.search(query, limit)]
+
+
+def terms_and_first(query: str, *tools: Mapping[str, Any]) -> tuple[dict[str, QueryTerm], str]:
+    """Over one server's `tools`: the query's terms by token, and the name of its first result."""
+    index, _ = build([synthetic("s", *tools)])
+    return {t.token: t for t in index.query_terms(query)}, ranked(index, query)[0][1]
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -148,6 +153,106 @@ def test_names_in_a_request_lend_no_lexicon_words() -> None:
     assert names("Find Hotels In Paris") == set()  # every word capitalised: a title, not names
     assert names("convert PDF to text") == set()  # an acronym is not a name
     assert names("") == set() and names(None) == set()
+
+
+def test_the_related_terms_table_is_compact_and_one_neighbour_per_meaning() -> None:
+    """Entries parse from the file's compact strings; a neighbour is never the word's own stem, nor
+    the stem of a nearer neighbour; a shorter word the query word starts with is kept (the prefix
+    tier only reaches longer ones)."""
+    table = related_terms()
+    assert len(table) > 30_000 and table.get("no-such-word") == ()
+    lawyer = table["lawyer"]
+    assert "law" in dict(lawyer)  # "lawyer" never prefix-matches "law"
+    for word in ("lawyer", "schedule", "picture", "rows"):
+        stems = [stem(term) for term, _ in table[word]]
+        assert stem(word) not in stems and len(stems) == len(set(stems)), (word, table[word])
+        sims = [sim for _, sim in table[word]]
+        assert sims == sorted(sims, reverse=True) and all(0.5 <= sim <= 1 for sim in sims)
+
+
+def test_a_lexicon_word_lends_only_the_lexicon_words() -> None:
+    """An embedding model's neighbours of "save" include "delete": a word the lexicon knows (tool
+    vocabulary) lends its hand-chosen expansions only, even where the catalog lacks it."""
+    assert "delete" in dict(related_terms()["save"])  # what the table would have lent
+    catalog = synthetic(
+        "notes",
+        {"name": "write_note", "description": "Write a note to disk."},
+        {"name": "delete_note", "description": "Delete a note."},
+    )
+    index, _ = build([catalog])
+    assert not [t for t in index.query_terms("save my note") if t.origin.startswith("related")]
+    assert ranked(index, "save my note")[0] == ("notes", "write_note")
+
+
+def test_a_word_inside_another_word_is_not_held_by_the_catalog() -> None:
+    """ "put" is inside "input", but no tool says "put": it lends its lexicon words at the weight
+    for a word the catalog does not hold, so the tool that inserts rows wins."""
+    terms, first = terms_and_first(
+        "put a row",
+        {"name": "write_query", "description": "Run an INSERT or UPDATE statement."},
+        {"name": "create_table", "description": "Create a new table from the input rows."},
+    )
+    assert terms["insert"].origin == "lexicon: put" and terms["insert"].weight == DEFAULT_PARAMS.expansion_absent
+    assert first == "write_query"
+
+
+def test_a_name_lends_its_related_words_but_no_lexicon_words() -> None:
+    """ "Bitcoin" is a name (capitalised mid-sentence): it lends what it is (cryptocurrency), at the
+    related words' weight; a short name ("Del") lends nothing."""
+    terms, first = terms_and_first(
+        "what is Bitcoin worth",
+        {"name": "crypto_prices", "description": "Prices of cryptocurrencies."},
+        {"name": "weather", "description": "The forecast for a city."},
+    )
+    assert terms["bitcoin"].origin == "name" and terms["cryptocurrency"].origin == "related: bitcoin"
+    assert terms["cryptocurrency"].weight < DEFAULT_PARAMS.expansion_absent
+    assert first == "crypto_prices"
+    short, _ = terms_and_first("songs by Lana Del Rey", {"name": "play", "description": "Play songs."})
+    assert not [t for t in short.values() if t.origin in ("related: del", "related: rey")]
+
+
+def test_a_word_common_in_english_weighs_less() -> None:
+    """A catalog's idf cannot tell that "near" or "find" is rarely what a request is about: the
+    shipped table of English word frequencies weighs them down, never below the floor; rare and
+    unknown words, numbers and stop words keep their weight."""
+    assert common_words()["find"] > 5.5 > common_words()["apartments"]
+    commonness = Commonness(slope=0.4, pivot=4.9, floor=0.5)
+    assert commonness.weight("apartments") == commonness.weight("zzqqxxv") == 1.0
+    assert 0.5 <= commonness.weight("near") < 1.0 and commonness.weight("find") < commonness.weight("near")
+    assert Commonness(slope=0.0).weight("find") == 1.0
+    tools = (
+        {"name": "places", "description": "Find places on a map."},
+        {"name": "rentals", "description": "Apartments to rent by month."},
+    )
+    terms, first = terms_and_first("find apartments near the station", *tools)
+    assert terms["find"].weight < terms["near"].weight < terms["apartments"].weight == 1.0
+    assert terms["the"].weight == DEFAULT_PARAMS.stop_word
+    assert first == "rentals"
+    flat = ToolSearchIndex(replace(DEFAULT_PARAMS, common_slope=0.0))
+    store = CatalogStore()
+    flat.attach(store)
+    store.put(synthetic("s", *tools))
+    assert ranked(flat, "find apartments near the station")[0] == ("s", "places")  # a tie without it
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    text=st.text(max_size=80),
+    slope=st.floats(0.0, 2.0),
+    pivot=st.floats(3.0, 7.0),
+    floor=st.floats(0.05, 1.0),
+)
+def test_query_term_weights_stay_in_bounds_for_any_text(text: str, slope: float, pivot: float, floor: float) -> None:
+    """Whatever the request and the commonness curve: every term weighs more than 0 and at most 1,
+    a query word no less than the floor, and the same text gives the same terms."""
+    commonness = Commonness(slope, pivot, floor)
+    terms = query_terms(tokenize(text), 0.2, 0.2, 0.7, None, names(text), 0.0, 0.7, 0.4, commonness)
+    assert terms == query_terms(tokenize(text), 0.2, 0.2, 0.7, None, names(text), 0.0, 0.7, 0.4, commonness)
+    assert all(0 < t.weight <= 1 for t in terms)
+    assert all(t.weight >= min(floor, 0.7) for t in terms if t.origin in ("query", "name"))
+    words = sorted(common_words(), key=lambda w: (common_words()[w], w))[::500]
+    weights = [commonness.weight(w) for w in words]
+    assert weights == sorted(weights, reverse=True)  # the more common, the lighter
 
 
 def test_lexicon_expansion_never_outweighs_the_literal_word() -> None:
@@ -267,44 +372,3 @@ def test_hidden_tools_are_not_searchable() -> None:
     catalog = synthetic("s", {"name": "delete_all"}, {"name": "delete_one"}, hidden=["delete_all"])
     index, _ = build([catalog])
     assert ranked(index, "delete") == [("s", "delete_one")]
-
-
-_WORDS = st.text(min_size=1, max_size=12)  # any text: quotes, backslashes, non-ASCII, lone surrogates
-_PAIRS = st.lists(st.tuples(_WORDS, st.floats(0, 1)).map(list), max_size=3)
-
-
-@given(
-    related=st.dictionaries(_WORDS, _PAIRS, max_size=8),
-    about=st.dictionaries(_WORDS, st.one_of(_WORDS, st.lists(_WORDS), st.dictionaries(_WORDS, _WORDS))),
-    indent=st.sampled_from([None, 0, 2, "\t"]),
-    ascii_only=st.booleans(),
-    related_first=st.booleans(),
-)
-def test_related_entries_reads_each_entry_as_the_whole_file_parse_would(
-    related: dict[str, list[list[Any]]], about: dict[str, Any], indent: Any, ascii_only: bool, related_first: bool
-) -> None:
-    """The table is kept as each entry's JSON text (issue 24: memory); whatever the file's layout,
-    every entry decodes to what `json.loads` of the whole file gives."""
-    document = {"related": related, "about": about} if related_first else {"about": about, "related": related}
-    text = json.dumps(document, indent=indent, ensure_ascii=ascii_only)
-    entries = related_entries(text)
-    assert {word: json.loads(raw) for word, raw in entries.items()} == json.loads(text)["related"]
-
-
-@pytest.mark.parametrize(
-    "text",
-    ["", "[]", '{"related": [1]}', '{"related": {"a": [["b", 0.5]]', '{"related": {"a" [["b", 0.5]]}}', "{1: 2}"],
-)
-def test_related_entries_refuses_a_file_that_is_not_the_table(text: str) -> None:
-    with pytest.raises(ValueError):
-        related_entries(text)
-
-
-def test_related_terms_shipped_table_is_the_file_decoded() -> None:
-    from importlib import resources
-
-    raw = json.loads(resources.files("aggregator.catalog").joinpath("data/related_terms.json").read_text("utf-8"))
-    table = related_terms()
-    assert len(table) == len(raw["related"]) > 5000
-    assert all(table[word] == tuple((t, float(s)) for t, s in pairs) for word, pairs in raw["related"].items())
-    assert table.get("not-a-word-at-all", ()) == ()

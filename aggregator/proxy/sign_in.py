@@ -44,7 +44,10 @@ def opens_links(connection: Any) -> bool:
 async def offer_sign_in(pool: UpstreamPool, fault: SignInNeeded, origin: Any) -> Any:
     """Raise -32042 with the sign-in link for the client of `origin`, or the `Fault` to answer it with;
     `RETRY` if no sign-in is needed after all. Waits for the authorization URL, never for the user."""
-    connection = origin.connection if isinstance(origin, RawOrigin) else client_connection(getattr(origin, "session", None))
+    if isinstance(origin, RawOrigin):
+        connection: Any = origin.connection
+    else:
+        connection = client_connection(getattr(origin, "session", None))
     config = pool.connection(fault.upstream).config
     if not opens_links(connection) or config.auth not in (None, "oauth"):  # only a browser sign-in has a link
         raise fault

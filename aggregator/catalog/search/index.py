@@ -19,14 +19,13 @@ the document frequencies; cached query work is dropped on every change.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from aggregator.catalog.model import Catalog, ToolEntry
 from aggregator.catalog.search.documents import card_fields, server_fields, tool_fields
 from aggregator.catalog.search.explain import Match, explain
-from aggregator.catalog.search.query import QueryTerm, query_terms
+from aggregator.catalog.search.query import Commonness, QueryTerm, query_terms
 from aggregator.catalog.search.retrieval import (
     BIG,
     NO_MATCH,
@@ -96,7 +95,6 @@ class ToolSearchIndex:
         self._catalogs: dict[str, Catalog] = {}
         self._tool_postings: dict[str, Postings] = {}
         self._card_postings: dict[str, Postings] = {}
-        self._doc_freq: Counter[str] = Counter()  # documents (tools and cards) holding each term
         self._vocabulary = Vocabulary(params)
         self._levels: dict[str, tuple[Level, ...]] = {}  # per term, dropped when its postings change
         self._stats: dict[tuple[str, bool], TokenStats] = {}
@@ -156,7 +154,7 @@ class ToolSearchIndex:
 
     @property
     def vocabulary_size(self) -> int:
-        return len(self._doc_freq)
+        return len(self._tool_postings.keys() | self._card_postings.keys())
 
     def clear_cache(self) -> None:
         """Forget every cached lookup (rebuilt on demand); benchmarks measure cold searches so."""
@@ -198,37 +196,38 @@ class ToolSearchIndex:
         doc_id = -self._next_id if card else self._next_id
         self._next_id += 1
         self._docs[doc_id] = doc
-        postings_map = self._card_postings if card else self._tool_postings
-        doc_freq = self._doc_freq
+        postings_map, others = self._postings_maps(card)
         for term, weight in doc.terms.items():
             postings = postings_map.get(term)
-            if postings is None:
-                postings_map[term] = {doc_id: weight}
-            else:
+            if postings is not None:
                 postings[doc_id] = weight
-            if term in doc_freq:
-                doc_freq[term] += 1
             else:
-                doc_freq[term] = 1
-                self._vocabulary.add(term)
+                postings_map[term] = {doc_id: weight}
+                if term not in others:
+                    self._vocabulary.add(term)
         self._forget_levels(doc.terms)
         self._forget_queries()
         return doc_id
 
     def _remove_doc(self, doc_id: int) -> None:
         doc = self._docs.pop(doc_id)
-        postings_map = self._card_postings if doc_id < 0 else self._tool_postings
+        postings_map, others = self._postings_maps(doc_id < 0)
         for term in doc.terms:
             postings = postings_map[term]
             del postings[doc_id]
             if not postings:
                 del postings_map[term]
-            self._doc_freq[term] -= 1
-            if not self._doc_freq[term]:
-                del self._doc_freq[term]
-                self._vocabulary.remove(term)
+                if term not in others:
+                    self._vocabulary.remove(term)
         self._forget_levels(doc.terms)
         self._forget_queries()
+
+    def _postings_maps(self, card: bool) -> tuple[dict[str, Postings], dict[str, Postings]]:
+        """The postings of a document's kind (cards or tools), and of the other kind: a term is
+        in the vocabulary while either holds it."""
+        if card:
+            return self._card_postings, self._tool_postings
+        return self._tool_postings, self._card_postings
 
     def _forget_levels(self, terms: Mapping[str, float]) -> None:
         """Drop the cached levels of `terms`, whose postings changed."""
@@ -320,10 +319,13 @@ class ToolSearchIndex:
             related_weight=p.related,
             number_weight=p.number,
             related_absent=p.related_absent,
+            commonness=Commonness(p.common_slope, p.common_pivot, p.common_floor),
         )
 
     def _present(self, token: str) -> bool:
-        return self._token_stats(token).weight > 0
+        """Whether some document holds `token` or a word of its stem: "put" inside "input" does not
+        make the catalog hold "put", so "put" still lends its lexicon words in full."""
+        return self._token_stats(token, partial=False).weight > 0
 
     def _query_groups(self, query: str) -> list[list[TokenStats]]:
         """Per query word (sorted), the stats of it and its lexicon words that match anything,

@@ -16,12 +16,19 @@ small share (`RankingParams.lexicon_tie`), so a tool that says "search",
 "find" and "query" does not outscore one that says "search" once for the query
 "find".
 
-A query word the catalog does not hold at all also lends its related words
-(`data/related_terms.json`, distilled offline from a sentence-embedding model by
+A query word that the catalog does not hold at all and that the lexicon does
+not know (its words are tool vocabulary, with hand-chosen expansions: an
+embedding model's neighbours of "save" include "delete") lends its related words
+(`data/related_terms.json.gz`, distilled offline from a sentence-embedding model by
 `benchmarks/build_related_terms.py`): "rows" searches "table" and "column", at
 `RankingParams.related_absent` × their similarity, below the lexicon's words.
-A word written as a name ("Del" in "Lana Del Rey") lends nothing and matches
-whole words only; a number counts less than a word (`RankingParams.number`).
+A word written as a name ("Del" in "Lana Del Rey") lends no lexicon words and
+matches whole words only; one of four letters or more lends its related words
+("Bitcoin": cryptocurrency, blockchain), a shorter one ("Del", "Rey") nothing;
+a number counts less than a word (`RankingParams.number`), and a word the
+more common it is in English at large (`data/common_words.json`, from the
+wordfreq word list; `RankingParams.common_slope`), since a catalog's own
+statistics cannot tell that "near" or "find" is rarely what a request is about.
 
 Only a word of the query itself may match longer words (the prefix and
 substring tiers): a function word or a lexicon word matches whole words and
@@ -31,11 +38,11 @@ An identifier the query writes (`get_file`) is searched whole, besides its parts
 
 from __future__ import annotations
 
+import gzip
 import json
-import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 
 from stop_words import get_stop_words
@@ -45,6 +52,7 @@ from aggregator.catalog.search.tokens import is_identifier, stem, tokenize
 LITERAL = "query"
 STOP = "stop word"
 NAME = "name"  # a word the query writes as a name: matched whole, lends no lexicon words
+MIN_NAME_RELATED = 4  # a shorter name ("Del", "Rey") is a particle or an initialism: it lends nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,84 +70,77 @@ class QueryTerm:
         return self.origin == LITERAL and not is_identifier(self.token)
 
 
-Related = tuple[tuple[str, float], ...]  # (related word, similarity), best first
+Related = tuple[tuple[str, float], ...]  # related words of a word, each with its similarity
 
 
-class RelatedTerms(Mapping[str, Related]):
-    """The related-words table, each entry kept as its JSON text and decoded when looked up.
+class RelatedTerms:
+    """The table of related words: word → ((word, similarity), ...).
 
-    A query looks up a handful of words; decoded all at once the table's 17,860 pairs are 3.9 MB of
-    Python objects and its load left 6.9 MB more RSS in `serve` (issue 24: memory). Kept as text and
-    read entry by entry (so no whole-file parse tree is ever built), it costs about 1.3 MB.
+    Each word's entry stays the compact string of the file ("attorneys 0.91 law 0.70")
+    until it is looked up: 37,000 words × 8 parsed pairs would hold ten times the memory.
     """
 
-    def __init__(self, entries: dict[str, str]) -> None:
-        self._entries = entries
-
-    def __getitem__(self, word: str) -> Related:
-        return tuple((str(term), float(sim)) for term, sim in json.loads(self._entries[word]))
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
+    def __init__(self, raw: dict[str, str]) -> None:
+        self._raw = raw
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._raw)
+
+    def __getitem__(self, word: str) -> Related:
+        return _parse_related(self._raw[word])
+
+    def get(self, word: str, default: Related = ()) -> Related:
+        text = self._raw.get(word)
+        return default if text is None else _parse_related(text)
+
+
+@lru_cache(maxsize=4096)
+def _parse_related(text: str) -> Related:
+    parts = text.split()
+    return tuple((parts[i], float(parts[i + 1])) for i in range(0, len(parts) - 1, 2))
 
 
 @cache
 def related_terms() -> RelatedTerms:
-    """The shipped table of related words (`data/related_terms.json`), loaded once: word → (word, similarity)."""
-    path = resources.files("aggregator.catalog").joinpath("data/related_terms.json")
+    """The shipped table of related words (`data/related_terms.json.gz`), loaded once."""
+    path = resources.files("aggregator.catalog").joinpath("data/related_terms.json.gz")
     if not path.is_file():
         return RelatedTerms({})
-    return RelatedTerms(related_entries(path.read_text("utf-8")))
+    return RelatedTerms(json.loads(gzip.decompress(path.read_bytes()))["related"])
 
 
-_SPACE = re.compile(r"[ \t\n\r]*")
+@cache
+def common_words() -> dict[str, float]:
+    """The shipped table of how common English words are (`data/common_words.json`: word → Zipf
+    frequency, built by `benchmarks/build_common_words.py`), loaded once."""
+    path = resources.files("aggregator.catalog").joinpath("data/common_words.json")
+    if not path.is_file():
+        return {}
+    groups = json.loads(path.read_text("utf-8"))["zipf"]
+    return {word: float(zipf) for zipf, words in groups.items() for word in words.split()}
 
 
-def related_entries(text: str) -> dict[str, str]:
-    """The members of the top-level object's "related" object, each value as its JSON text.
+@dataclass(frozen=True, slots=True)
+class Commonness:
+    """How a query word's weight falls with how common it is in English: 1 up to Zipf frequency
+    `pivot`, then `slope` less per unit, never below `floor` (`RankingParams.common_*`)."""
 
-    Reads one member at a time with the standard decoder (whatever the layout); a file that is not
-    such a JSON object raises ValueError.
-    """
-    decode = json.JSONDecoder().raw_decode
-    entries: dict[str, str] = {}
+    slope: float = 0.0
+    pivot: float = 4.5
+    floor: float = 0.5
 
-    def skip(at: int, char: str = "") -> int:
-        at = _SPACE.match(text, at).end()  # type: ignore[union-attr]  # matches the empty string
-        if char:
-            if text[at : at + 1] != char:
-                raise ValueError(f"related terms: expected {char!r} at character {at}")
-            at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
-        return at
-
-    def members(at: int, value: Callable[[str, int], int]) -> int:
-        """Walk the object at `at`, `value(key, start)` reading each value; returns the end."""
-        at = skip(at, "{")
-        while text[at : at + 1] != "}":
-            key, at = decode(text, at)
-            if not isinstance(key, str):
-                raise ValueError(f"related terms: a key is not a string at character {at}")
-            at = skip(value(key, skip(at, ":")))
-            if text[at : at + 1] == ",":
-                at = skip(at, ",")
-        return at + 1
-
-    def related(word: str, start: int) -> int:
-        end = decode(text, start)[1]
-        entries[word] = text[start:end]
-        return end
-
-    members(0, lambda key, start: members(start, related) if key == "related" else decode(text, start)[1])
-    return entries
+    def weight(self, token: str) -> float:
+        zipf = common_words().get(token) if self.slope > 0 else None
+        if zipf is None or zipf <= self.pivot:
+            return 1.0
+        return max(self.floor, 1.0 - self.slope * (zipf - self.pivot))
 
 
 @dataclass(frozen=True, slots=True)
 class Lexicon:
     expansions: dict[str, tuple[str, ...]]  # stem of a query word → tokens it adds, sorted
     stop_words: frozenset[str]
+    known: frozenset[str]  # stems of every word of the lexicon: tool vocabulary
 
 
 @cache
@@ -161,7 +162,7 @@ def lexicon() -> Lexicon:
     known = set(expansions) | {stem(t) for value in expansions.values() for t in value}
     content = set(raw["content_words"])
     stop = frozenset(w for w in get_stop_words("english") if w.isalpha() and stem(w) not in known and w not in content)
-    return Lexicon(expansions, stop)
+    return Lexicon(expansions, stop, frozenset(known))
 
 
 def query_terms(
@@ -174,6 +175,7 @@ def query_terms(
     related_weight: float = 0.0,
     number_weight: float = 1.0,
     related_absent: float | None = None,
+    commonness: Commonness = Commonness(),
 ) -> list[QueryTerm]:
     """The distinct tokens to search for `tokens`, sorted, each with its highest weight.
 
@@ -183,7 +185,11 @@ def query_terms(
     instead of `expansion_weight`: they stand in for it ("picture" in a catalog
     that only says "image"). A word in `names` (the query writes it as a name:
     "Del" in "songs by Lana Del Rey") matches whole words only and lends no
-    lexicon words: it is not "delete".
+    lexicon words: it is not "delete". A word of the query (not a stop word nor
+    a number) weighs less the more common it is in English (`commonness`): "find"
+    and "near" say less about the tool wanted than "apartment". A name of MIN_NAME_RELATED letters or
+    more lends its related words, which stand for what the name is ("Bitcoin":
+    cryptocurrency, blockchain).
     """
     lex = lexicon()
     literal = {t: (STOP if t in lex.stop_words else NAME if t in names else LITERAL) for t in tokens}
@@ -195,20 +201,23 @@ def query_terms(
             best[term.token] = term
 
     for token, origin in literal.items():
-        weight = stop_weight if origin == STOP and not all_stop else number_weight if token.isdigit() else 1.0
+        if origin == STOP:
+            weight = 1.0 if all_stop else stop_weight
+        else:
+            weight = number_weight if token.isdigit() else commonness.weight(token)
         offer(QueryTerm(token, weight, origin, token))
     literal_stems = {stem(t) for t in literal}
     for token, origin in sorted(literal.items()):
-        if origin != LITERAL:
+        if origin == STOP or (origin == NAME and len(token) < MIN_NAME_RELATED):
             continue
         weight, related = expansion_weight, related_weight
         if present is not None and not present(token):
             weight = absent_weight if absent_weight is not None else weight
             related = related_absent if related_absent is not None else related
-        for added in lex.expansions.get(stem(token), ()):
+        for added in lex.expansions.get(stem(token), ()) if origin == LITERAL else ():
             if stem(added) not in literal_stems and added not in lex.stop_words:
                 offer(QueryTerm(added, weight, f"lexicon: {token}", token))
-        if related > 0:
+        if related > 0 and stem(token) not in lex.known:  # the lexicon's words have its expansions only
             for added, similarity in related_terms().get(token, ()):
                 if stem(added) not in literal_stems and added not in lex.stop_words:
                     offer(QueryTerm(added, related * similarity, f"related: {token}", token))

@@ -33,8 +33,6 @@ sum is the same however the catalogs were loaded) of
 from __future__ import annotations
 
 import math
-import sys
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -67,7 +65,10 @@ class RankingParams:
     expansion_absent: float = 0.7  # ... for a query word the catalog does not hold at all
     number: float = 0.7  # query weight of a number ("2023" in "Today is 2023-03-17" is rarely the request)
     related: float = 0.0  # query weight (× similarity) of a word the related-terms table adds (query.py)
-    related_absent: float = 0.25  # ... for a query word the catalog does not hold at all
+    related_absent: float = 0.4  # ... for a query word the catalog does not hold at all
+    common_slope: float = 0.4  # a query word's weight falls this much per unit of Zipf frequency ...
+    common_pivot: float = 4.9  # ... above this one (English at large: "find" 5.8, "stage" 5.1, "apartments" 4.0) ...
+    common_floor: float = 0.5  # ... down to this (query.Commonness)
     lexicon_tie: float = 0.3  # share of a group's terms other than its best (dis_max tie breaker)
     min_partial: int = 3  # shortest non-CJK query token that may prefix/substring-match
 
@@ -111,7 +112,10 @@ def field_frequencies(fields: Mapping[str, list[str]], p: RankingParams) -> dict
             continue
         b = p.field_b(field)
         scale = p.field_weight(field) / (1 - b + b * len(tokens) / PIVOTS[field])
-        for term, tf in Counter(tokens).items():
+        counts: dict[str, int] = {}  # a plain dict: Counter's constructor costs more than the counting
+        for term in tokens:
+            counts[term] = counts.get(term, 0) + 1
+        for term, tf in counts.items():
             pseudo[term] = pseudo.get(term, 0.0) + scale * tf
     return pseudo
 
@@ -122,12 +126,14 @@ def bm25f_terms(
     """Term → its BM25F weight in a document made of `fields` and of `shared`, the
     `field_frequencies` of fields every tool of a server has (its name and description).
 
-    Terms are interned: thousands of documents hold "get" or "file", and one string
-    object for each saves about a quarter of the index's memory."""
+    Terms come interned from the tokenizer (`tokens.tokenize`, `documents.tool_fields`):
+    thousands of documents hold "get" or "file", and one string object for each saves
+    about a quarter of the index's memory."""
     pseudo = field_frequencies(fields, p)
     for term, tf in (shared or {}).items():
         pseudo[term] = pseudo.get(term, 0.0) + tf
-    return {sys.intern(term): tf * (p.k1 + 1) / (tf + p.k1) for term, tf in pseudo.items() if tf > 0}
+    k1 = p.k1
+    return {term: tf * (k1 + 1) / (tf + k1) for term, tf in pseudo.items() if tf > 0}
 
 
 def idf(documents: int, df: int) -> float:

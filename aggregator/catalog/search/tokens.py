@@ -23,6 +23,7 @@ stemming never widens the weaker tiers.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Sequence
 from functools import lru_cache
 from itertools import chain
@@ -51,9 +52,14 @@ def _cjk_grams(chunk: str) -> list[str]:
 
 @lru_cache(maxsize=65536)
 def _split_run(run: str) -> tuple[str, ...]:
-    """The tokens of one run of letters and digits (cached: words repeat across a catalog)."""
+    """The tokens of one run of letters and digits (cached: words repeat across a catalog),
+    interned: the index holds one string object per distinct term, however many tools use it."""
+    return tuple(map(sys.intern, _split(run)))
+
+
+def _split(run: str) -> list[str]:
     if run.isascii():
-        return tuple(piece.lower() for piece in _CAMEL.findall(run))
+        return [piece.lower() for piece in _CAMEL.findall(run)]
     out: list[str] = []
     for chunk in _CJK_SPLIT.findall(run):
         if _CJK_CHAR.match(chunk):
@@ -62,7 +68,7 @@ def _split_run(run: str) -> tuple[str, ...]:
             out.extend(piece.lower() for piece in _CAMEL.findall(chunk))
         else:
             out.append(chunk.lower())
-    return tuple(out)
+    return out
 
 
 def tokenize(text: str | None) -> list[str]:
@@ -77,7 +83,7 @@ _IDENTIFIER = re.compile(r"[^\W_]+(?:[_.-]+[^\W_]+)*")
 
 def identifier(tokens: Sequence[str]) -> str | None:
     """Several tokens as one identifier token, joined by `_`; None for fewer than two."""
-    return "_".join(tokens) if len(tokens) > 1 else None
+    return sys.intern("_".join(tokens)) if len(tokens) > 1 else None
 
 
 def identifiers(text: str | None) -> list[str]:
