@@ -3,6 +3,7 @@ small synthetic catalogs: these need no data beside the repository."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -13,7 +14,15 @@ from hypothesis import strategies as st
 
 from aggregator.catalog.model import Catalog, clean_tool, sorted_unique
 from aggregator.catalog.search import DEFAULT_PARAMS, ToolSearchIndex, annotation_tokens
-from aggregator.catalog.search.query import Commonness, QueryTerm, common_words, lexicon, query_terms, related_terms
+from aggregator.catalog.search.query import (
+    Commonness,
+    QueryTerm,
+    RelatedTerms,
+    common_words,
+    lexicon,
+    query_terms,
+    related_terms,
+)
 from aggregator.catalog.search.tokens import identifiers, is_cjk, names, stem, tokenize
 from aggregator.catalog.store import CatalogStore
 
@@ -372,3 +381,45 @@ def test_hidden_tools_are_not_searchable() -> None:
     catalog = synthetic("s", {"name": "delete_all"}, {"name": "delete_one"}, hidden=["delete_all"])
     index, _ = build([catalog])
     assert ranked(index, "delete") == [("s", "delete_one")]
+
+
+_TABLE_WORDS = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
+
+
+@given(
+    related=st.dictionaries(_TABLE_WORDS, _TABLE_WORDS, max_size=8),
+    about=st.dictionaries(_TABLE_WORDS, _TABLE_WORDS, max_size=3),
+    indent=st.sampled_from([None, 0, 2, 4]),
+    ascii_only=st.booleans(),
+    sort_keys=st.booleans(),
+)
+def test_related_table_read_straight_into_its_blob_is_the_json_decoded(
+    related: dict[str, str], about: dict[str, str], indent: Any, ascii_only: bool, sort_keys: bool
+) -> None:
+    """The shipped table is read into its blob without a dict when laid out as the build script
+    writes it (issue 24: memory); whatever the layout, every lookup is what `json.loads` gives."""
+    related = {word: entry for word, entry in related.items() if "\t" not in word and "\n" not in word}
+    text = json.dumps({"about": about, "related": related}, indent=indent, ensure_ascii=ascii_only, sort_keys=sort_keys)
+    table = RelatedTerms.from_json(text.encode("utf-8", "surrogatepass"))
+    reference = RelatedTerms(json.loads(text)["related"])
+    assert (table._blob, table._offsets) == (reference._blob, reference._offsets)
+    assert len(table) == len(related)
+    assert sorted(table.words()) == sorted(related)
+
+
+@pytest.mark.parametrize("text", [b"", b"[]", b'{"related": [1]}', b'{"related": {"a": "b 0.5"', b"{1: 2}"])
+def test_related_table_refuses_a_file_that_is_not_the_table(text: bytes) -> None:
+    with pytest.raises((ValueError, TypeError, KeyError)):
+        RelatedTerms.from_json(text)
+
+
+def test_related_table_shipped_file_is_read_straight_and_whole() -> None:
+    import gzip
+    from importlib import resources
+
+    text = gzip.decompress(resources.files("aggregator.catalog").joinpath("data/related_terms.json.gz").read_bytes())
+    raw = json.loads(text)["related"]
+    table = related_terms()
+    assert len(table) == len(raw) > 30_000
+    assert all(table.get(word) == table[word] for word in list(raw)[:: len(raw) // 500])
+    assert table.get("not-a-word-at-all") == ()

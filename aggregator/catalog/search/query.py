@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Callable
+import re
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import resources
@@ -48,6 +50,7 @@ from importlib import resources
 from stop_words import get_stop_words
 
 from aggregator.catalog.search.tokens import is_identifier, stem, tokenize
+from aggregator.heap import release_freed_memory
 
 LITERAL = "query"
 STOP = "stop word"
@@ -76,22 +79,105 @@ Related = tuple[tuple[str, float], ...]  # related words of a word, each with it
 class RelatedTerms:
     """The table of related words: word → ((word, similarity), ...).
 
-    Each word's entry stays the compact string of the file ("attorneys 0.91 law 0.70")
-    until it is looked up: 37,000 words × 8 parsed pairs would hold ten times the memory.
+    Kept as one UTF-8 blob of `word<TAB>entry` lines sorted by word, each entry the compact string
+    of the file ("attorneys 0.91 law 0.70"), found by binary search over the lines' offsets and
+    parsed when looked up. As a dict of 37,000 strings the table held 10 MB of RSS from a
+    session's first search on (issue 24: memory); as the blob about 3.
     """
 
-    def __init__(self, raw: dict[str, str]) -> None:
-        self._raw = raw
+    def __init__(self, raw: Mapping[str, str]) -> None:
+        self._blob, self._offsets = _blob_of(sorted((w.encode(), e.encode()) for w, e in raw.items()))
+
+    @classmethod
+    def from_json(cls, text: bytes) -> RelatedTerms:
+        """The table of the shipped file's JSON text.
+
+        Read straight into the blob when the file is as the build script writes it (entries sorted,
+        no escapes): decoding it into a dict first left 6 MB more RSS that the C heap keeps.
+        Anything else is decoded as JSON (ValueError if it is not the table).
+        """
+        entries = _sorted_plain_entries(text)
+        if entries is None:
+            related = json.loads(text)["related"]
+            if not isinstance(related, dict):
+                raise ValueError("related terms: 'related' is not an object")
+            return cls(related)
+        table = cls({})
+        table._blob, table._offsets = _blob_of(entries)
+        return table
 
     def __len__(self) -> int:
-        return len(self._raw)
+        return len(self._offsets)
 
     def __getitem__(self, word: str) -> Related:
-        return _parse_related(self._raw[word])
+        entry = self._entry(word)
+        if entry is None:
+            raise KeyError(word)
+        return _parse_related(entry)
 
     def get(self, word: str, default: Related = ()) -> Related:
-        text = self._raw.get(word)
-        return default if text is None else _parse_related(text)
+        entry = self._entry(word)
+        return default if entry is None else _parse_related(entry)
+
+    def words(self) -> list[str]:
+        """Every word of the table, in byte order."""
+        blob = self._blob
+        return [blob[at : blob.index(b"\t", at)].decode() for at in self._offsets]
+
+    def _entry(self, word: str) -> str | None:
+        key = word.encode("utf-8", "surrogatepass")  # a lone surrogate matches nothing, never raises
+        blob, offsets = self._blob, self._offsets
+        low, high = 0, len(offsets)
+        while low < high:
+            middle = (low + high) // 2
+            start = offsets[middle]
+            tab = blob.index(b"\t", start)
+            found = blob[start:tab]
+            if found < key:
+                low = middle + 1
+            elif found > key:
+                high = middle
+            else:
+                return blob[tab + 1 : blob.index(b"\n", tab)].decode()
+        return None
+
+
+_RELATED_START = re.compile(rb'\A\s*\{(?:\s*"about"\s*:\s*\{[^{}]*\}\s*,)?\s*"related"\s*:\s*\{')
+_RELATED_ENTRY = re.compile(rb'\s*"([^"\\]*)"\s*:\s*"([^"\\]*)"\s*(,?)')
+_RELATED_END = re.compile(rb"\s*\}\s*\}\s*\Z")
+
+
+def _sorted_plain_entries(text: bytes) -> Iterator[tuple[bytes, bytes]] | None:
+    """The file's entries as they stand, if it is laid out as the build script writes it (an
+    optional flat "about" object, then "related" sorted by word, no escapes); else None."""
+    if b"\\" in text or (start := _RELATED_START.match(text)) is None:
+        return None
+    entries: list[tuple[bytes, bytes]] = []
+    at, last = start.end(), b""
+    while (entry := _RELATED_ENTRY.match(text, at)) is not None:
+        word, related, comma = entry.groups()
+        if word <= last and entries:
+            return None
+        entries.append((word, related))
+        at, last = entry.end(), word
+        if not comma:
+            break
+    if _RELATED_END.match(text, at) is None:
+        return None
+    return iter(entries)
+
+
+def _blob_of(entries: Iterable[tuple[bytes, bytes]]) -> tuple[bytes, array[int]]:
+    """`word<TAB>entry` lines, given sorted by word, as one blob and the lines' offsets."""
+    blob = bytearray()
+    offsets = array("I")
+    for word, related in entries:
+        offsets.append(len(blob))
+        blob += word
+        blob += b"\t"
+        blob += related
+        blob += b"\n"
+    return bytes(blob), offsets
 
 
 @lru_cache(maxsize=4096)
@@ -106,7 +192,9 @@ def related_terms() -> RelatedTerms:
     path = resources.files("aggregator.catalog").joinpath("data/related_terms.json.gz")
     if not path.is_file():
         return RelatedTerms({})
-    return RelatedTerms(json.loads(gzip.decompress(path.read_bytes()))["related"])
+    table = RelatedTerms.from_json(gzip.decompress(path.read_bytes()))
+    release_freed_memory()  # the decompressed text and its parse: megabytes the C heap would keep
+    return table
 
 
 @cache
