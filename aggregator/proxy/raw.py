@@ -5,7 +5,8 @@ validated into a model, the result dumped and sieved, a response model encoded) 
 client session. On a line-based client (stdio, or a service client over the Unix socket),
 a `tools/call` to a direct tool or `catalog_call_tool`, a `prompts/get`, a `resources/read` or
 a `completion/complete` is taken here instead, after `parse_client_line` has checked the
-envelope and the SDK's own validator the params: the same handler code runs
+envelope and the SDK's own validator the params (a plain `tools/call`'s are checked in JSON
+terms, `raw_checks.py`): the same handler code runs
 (`AggregatorServer.call_tool_for`, `Passthrough.*_for`: lazy start, name resolution, faults,
 secrets masking and `on_call_result` are those of the full path), its result is sieved exactly
 as the SDK's runner sieves it and written to the client as bytes with the client's own id.
@@ -41,6 +42,7 @@ from pydantic import BaseModel, ValidationError
 
 from aggregator.log import get_logger
 from aggregator.proxy.passthrough import for_era, forwarded_meta
+from aggregator.proxy.raw_checks import plain_text_result, tools_call_params_ok
 from aggregator.proxy.relay import RawOrigin
 from aggregator.tools.base import ToolContext, invalid_result
 from aggregator.wire import encode
@@ -164,10 +166,11 @@ class RawLane:
         ):
             return "era"
         params = message.params
-        try:
-            validate_client_request(message.method, connection.protocol_version, params)
-        except (ValidationError, ValueError, KeyError):
-            return "params"
+        if not (message.method == "tools/call" and tools_call_params_ok(params)):
+            try:
+                validate_client_request(message.method, connection.protocol_version, params)
+            except (ValidationError, ValueError, KeyError):
+                return "params"
         assert params is not None  # the four methods require params
         if "task" in params:
             return "task"
@@ -259,12 +262,13 @@ async def _no_progress(progress: float, total: float | None, message: str | None
 def _result_line(request_id: Any, method: str, result: Any, version: str, hint: CacheHint | None) -> bytes:
     """The answer as the full path writes it: for `tools/call` `_call_result`'s check; then the SDK
     runner's cache hint, dump and sieve for the client's version (one validation does the check and
-    the sieve), in a response with the client's id."""
+    the sieve; a plain text result needs neither, `raw_checks.py`), in a response with the client's id."""
     result = for_era(result, version)
     if hint is not None and isinstance(result, Mapping) and not is_input_required(result):
         result = {"ttlMs": hint.ttl_ms, "cacheScope": hint.scope, **result}
     try:
-        dumped = serialize_server_result(method, version, _dumped(result))
+        plain = plain_text_result(result) if method == "tools/call" else None
+        dumped = plain if plain is not None else serialize_server_result(method, version, _dumped(result))
     except ValidationError as exc:
         if method != "tools/call":
             log.exception("handler for %r returned an invalid result", method)
