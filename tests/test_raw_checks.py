@@ -1,15 +1,16 @@
 """The raw path's cheap checks (proxy/raw_checks.py) agree with pydantic, for every era the raw path serves.
 
-A fast "yes" must be pydantic's "yes": params the structural check accepts pass the SDK's
-validator, and a result the plain-text check accepts is exactly what the SDK runner's sieve
-writes. Generated inputs lean on the accepted shapes and their near misses (a bool for a str,
-an extra key, an item of another type).
+A fast "yes" must be pydantic's "yes": params the structural check accepts pass both checks
+of the SDK's runner (the version's surface and the handler's params model), and a result the
+plain-text check accepts is exactly what the SDK runner's sieve writes. Generated inputs lean
+on the accepted shapes and their near misses (a bool for a str, an extra key, a null token).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import mcp.types as types
 import pydantic_core
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -63,9 +64,11 @@ results = st.one_of(
 @given(params=params)
 @example(params={"name": "t"})
 @example(params={"name": "t", "arguments": None, "_meta": {"progressToken": 7, "claudecode/toolUseId": "x"}})
+@example(params={"name": "t", "_meta": {"progressToken": None}})  # found by test_raw_path's fuzzing
 def test_params_the_check_accepts_the_sdk_accepts(era: str, params: Any) -> None:
-    if tools_call_params_ok(params):
-        validate_client_request("tools/call", era, params)  # raises if the check was wrong
+    if tools_call_params_ok(params):  # the SDK runner's two checks pass (each raises if the check was wrong)
+        validate_client_request("tools/call", era, params)
+        types.CallToolRequestParams.model_validate(params, by_name=False)
 
 
 @pytest.mark.parametrize("era", ERAS)
@@ -86,6 +89,7 @@ def test_the_checks_take_the_common_shapes_and_refuse_near_misses() -> None:
     assert not tools_call_params_ok({"name": True})
     assert not tools_call_params_ok({"name": "t", "task": {}})  # task-augmented: the full path's
     assert not tools_call_params_ok({"name": "t", "_meta": {"progressToken": 1.5}})
+    assert not tools_call_params_ok({"name": "t", "_meta": {"progressToken": None}})
     assert plain_text_result({"content": [{"type": "text", "text": "p"}], "isError": True}) is not None
     assert plain_text_result({"content": [{"type": "text", "text": "p"}], "isError": "yes"}) is None
     assert plain_text_result({"content": [{"type": "text", "text": "p", "annotations": {}}]}) is None

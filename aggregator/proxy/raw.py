@@ -166,15 +166,26 @@ class RawLane:
         ):
             return "era"
         params = message.params
-        if not (message.method == "tools/call" and tools_call_params_ok(params)):
-            try:
-                validate_client_request(message.method, connection.protocol_version, params)
-            except (ValidationError, ValueError, KeyError):
-                return "params"
+        if not (message.method == "tools/call" and tools_call_params_ok(params)) and not self._params_valid(
+            message.method, connection.protocol_version, params
+        ):
+            return "params"
         assert params is not None  # the four methods require params
         if "task" in params:
             return "task"
         return self.router.route(message.method, params)
+
+    def _params_valid(self, method: str, version: str, params: Mapping[str, Any] | None) -> bool:
+        """As the SDK's runner checks them: the version's surface, then the handler's params model
+        (stricter in places: a null `progressToken` passes the first, not the second)."""
+        entry = self.router.server.lowlevel.get_request_handler(method)
+        try:
+            validate_client_request(method, version, params)
+            if entry is not None:
+                entry.params_type.model_validate({} if params is None else params, by_name=False)
+        except (ValidationError, ValueError, KeyError):
+            return False
+        return True
 
     def start(self, message: types.JSONRPCRequest, task_group: anyio.abc.TaskGroup) -> None:
         scope = self._calls[message.id] = anyio.CancelScope()

@@ -38,8 +38,7 @@ def tools_call_params_ok(params: Any) -> bool:
     meta = params["_meta"]
     if type(meta) is not dict:
         return False
-    token = meta.get("progressToken")
-    return token is None or type(token) in (str, int)
+    return "progressToken" not in meta or type(meta["progressToken"]) in (str, int)  # null is refused
 
 
 def plain_text_result(result: Any) -> dict[str, Any] | None:
