@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.abc
+from anyio import TaskHandle
 import mcp.types as types
 import pydantic_core
 from mcp.server.caching import CacheHint
@@ -134,7 +135,7 @@ class RawLane:
         self._replies = replies
         self._done = done
         self.connection: Connection | None = None  # learnt from the first request the SDK handles
-        self._calls: dict[Any, anyio.CancelScope] = {}
+        self._calls: dict[Any, TaskHandle[None] | None] = {}  # None: answered, being written (not cancellable)
 
     def bind(self, connection: Connection) -> None:
         if self.connection is None:
@@ -188,30 +189,37 @@ class RawLane:
         return True
 
     def start(self, message: types.JSONRPCRequest, task_group: anyio.abc.TaskGroup) -> None:
-        scope = self._calls[message.id] = anyio.CancelScope()
-        task_group.start_soon(self._run, message, scope)
+        """Run the call in a task of its own; its handle is how the client cancels it (no scope of ours)."""
+        self._calls[message.id] = task_group.start_soon(self._run, message)
 
     def cancel(self, params: Mapping[str, Any] | None) -> bool:
-        """A client's `notifications/cancelled` for one of our calls: cancel it (no answer is due)."""
+        """A client's `notifications/cancelled` for one of our calls: cancel it (no answer is due).
+
+        A call whose answer is already being written is not stopped (a line cut short would break
+        the client's stream): the answer goes out, as the full path's would.
+        """
         request_id = params.get("requestId") if params else None
-        scope = self._calls.get(request_id) if isinstance(request_id, str | int) else None
-        if scope is None:
+        if not isinstance(request_id, str | int) or request_id not in self._calls:
             return False
-        scope.cancel()
+        handle = self._calls[request_id]
+        if handle is not None:
+            self._calls[request_id] = None
+            handle.cancel()
         return True
 
-    async def _run(self, message: types.JSONRPCRequest, scope: anyio.CancelScope) -> None:
+    async def _run(self, message: types.JSONRPCRequest) -> None:
         """One call; its answer written unless the client cancelled it (or the session ended)."""
+        line: bytes | None = None
         try:
-            line: bytes | None = None
-            with scope:
-                line = await self._call(message)
-            if line is not None:
-                with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    await self._replies.send(line)
+            line = await self._call(message)
+            if self._calls.get(message.id) is None:  # the client cancelled it as it finished: no answer
+                return
+            self._calls[message.id] = None  # from here on the answer is written whole
+            with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await self._replies.send(line)
         except anyio.get_cancelled_exc_class():
-            if line is None:  # the session is ending: answered as the SDK answers its own requests then
-                await self._answer_at_shutdown(message.id)
+            if line is None and self._calls.get(message.id) is not None:  # the session is ending, not the client
+                await self._answer_at_shutdown(message.id)  # as the SDK answers its own requests then
             raise
         finally:
             del self._calls[message.id]
