@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.abc
-from anyio import TaskHandle
 import mcp.types as types
 import pydantic_core
+from anyio import TaskHandle
 from mcp.server.caching import CacheHint
 from mcp.server.connection import Connection
 from mcp.shared.exceptions import MCPError
