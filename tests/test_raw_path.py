@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import sys
 from collections.abc import Iterator
 from functools import partial
@@ -22,6 +23,7 @@ import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from mcp_types.jsonrpc import CONNECTION_CLOSED
 
 from aggregator.proxy.server import AggregatorServer
 from tests.conftest import kit_upstream
@@ -238,17 +240,23 @@ def test_what_must_keep_the_full_path_falls_back_and_is_still_answered(bench: Be
     assert after.get("params", 0) == before.get("params", 0) + 1
 
 
+async def slow_call(server: AggregatorServer, client: LineClient, request_id: str) -> Any:
+    """A 30-second `rawkit__slow` call, running at the upstream on return; where its answer arrives."""
+    answer = client.expect(request_id)
+    call = {"name": "rawkit__slow", "arguments": {"seconds": 30, "steps": 0}}
+    await client.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": call})
+    with anyio.fail_after(5):
+        while not server.pool.connection("rawkit").busy:
+            await anyio.sleep(0.01)
+    return answer
+
+
 def test_a_cancelled_raw_call_frees_its_slot(tmp_path: Path) -> None:
     config = twin_config(tmp_path)
 
     async def scenario() -> None:
         async with raw_bench(config, max_in_flight=1) as (server, client):
-            answer = client.expect("slow-1")
-            call = {"name": "rawkit__slow", "arguments": {"seconds": 30, "steps": 0}}
-            await client.send({"jsonrpc": "2.0", "id": "slow-1", "method": "tools/call", "params": call})
-            with anyio.fail_after(5):
-                while not server.pool.connection("rawkit").busy:
-                    await anyio.sleep(0.01)
+            answer = await slow_call(server, client, "slow-1")
             await client.send(
                 {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "slow-1"}}
             )
@@ -259,6 +267,28 @@ def test_a_cancelled_raw_call_frees_its_slot(tmp_path: Path) -> None:
                 pytest.fail("a cancelled request was answered")
         events = (tmp_path / "rawkit.events").read_text()
         assert re.search(r"cancelled agg-\d+", events), events
+
+    anyio.run(scenario)
+
+
+def test_a_raw_call_running_when_the_client_leaves_is_answered_and_cancelled_upstream(tmp_path: Path) -> None:
+    """EOF on the client's stdin: after the drain time a raw call still running gets the SDK's
+    `Connection closed` answer (as a full-path request does) and its upstream a cancel."""
+    config = twin_config(tmp_path)
+
+    async def scenario() -> None:
+        async with raw_bench(config, drain_seconds=0.2) as (server, client):
+            await client.request("tools/list")  # the direct tools known: the call below takes the raw path
+            taken = server.raw.taken
+            answer = await slow_call(server, client, "slow-1")
+            assert server.raw.taken == taken + 1
+            client.sock.shutdown(socket.SHUT_WR)
+            with anyio.fail_after(5):
+                closed = await answer.receive()
+            assert closed["error"]["code"] == CONNECTION_CLOSED, closed
+            with anyio.fail_after(5):
+                while not re.search(r"cancelled agg-\d+", (tmp_path / "rawkit.events").read_text()):
+                    await anyio.sleep(0.05)
 
     anyio.run(scenario)
 
