@@ -271,6 +271,29 @@ def test_a_cancelled_raw_call_frees_its_slot(tmp_path: Path) -> None:
     anyio.run(scenario)
 
 
+def test_a_raw_call_cancelled_in_the_same_write_as_its_request_frees_its_slot(tmp_path: Path) -> None:
+    """The request and its cancel arrive together: the call is cancelled before its task ever ran."""
+    config = twin_config(tmp_path)
+
+    async def scenario() -> None:
+        async with raw_bench(config, max_in_flight=1) as (server, client):
+            await client.request("tools/list")  # the direct tools known: the call below takes the raw path
+            taken = server.raw.taken
+            answer = client.expect("quick-1")
+            call = {"name": "rawkit__slow", "arguments": {"seconds": 30, "steps": 0}}
+            request = {"jsonrpc": "2.0", "id": "quick-1", "method": "tools/call", "params": call}
+            cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "quick-1"}}
+            await client.send(json.dumps(request).encode() + b"\n" + json.dumps(cancel).encode() + b"\n")
+            echoed = await client.call("rawkit__echo", {"message": "next"}, timeout=5)  # the only slot is free
+            assert echoed["result"]["content"][0]["text"] == "next"
+            assert server.raw.taken == taken + 1  # the echo; the cancelled call never ran
+            with anyio.move_on_after(0.3):
+                await answer.receive()
+                pytest.fail("a cancelled request was answered")
+
+    anyio.run(scenario)
+
+
 def test_a_raw_call_running_when_the_client_leaves_is_answered_and_cancelled_upstream(tmp_path: Path) -> None:
     """EOF on the client's stdin: after the drain time a raw call still running gets the SDK's
     `Connection closed` answer (as a full-path request does) and its upstream a cancel."""

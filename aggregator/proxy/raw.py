@@ -137,7 +137,8 @@ class RawLane:
         self.connection: Connection | None = None  # learnt from the first request the SDK handles
         self._calls: dict[Any, asyncio.Task[None]] = {}
         self._settled: set[Any] = set()  # calls cancelled by their client, or whose answer is being written
-        self._supervised = False
+        self._running: set[Any] = set()  # calls whose task has started (only those are cancelled as tasks)
+        self._supervised = self._closing = False
 
     def bind(self, connection: Connection) -> None:
         if self.connection is None:
@@ -209,7 +210,8 @@ class RawLane:
             return False
         if request_id not in self._settled:
             self._settled.add(request_id)
-            self._calls[request_id].cancel()
+            if request_id in self._running:  # else `_run` sees it settled when it starts
+                self._calls[request_id].cancel()
         return True
 
     async def _supervise(self) -> None:
@@ -217,17 +219,26 @@ class RawLane:
         try:
             await anyio.sleep_forever()
         finally:
-            running = list(self._calls.values())
-            for task in running:
-                task.cancel()
-            if running:
+            self._closing = True  # a call not started yet answers as soon as it starts
+            for request_id in self._running:
+                self._calls[request_id].cancel()
+            if self._calls:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(2 * SHUTDOWN_WRITE_SECONDS):
-                    await asyncio.wait(running)
+                    await asyncio.wait(list(self._calls.values()))
 
     async def _run(self, message: types.JSONRPCRequest) -> None:
-        """One call; its answer written unless the client cancelled it (or the session ended)."""
+        """One call; its answer written unless the client cancelled it (or the session ended).
+
+        A task cancelled before its first step would never run this body (nor its `finally`), so a
+        call is cancelled as a task only once it runs; before, it is marked and stops here.
+        """
         request_id, line = message.id, None
+        self._running.add(request_id)
         try:
+            if request_id in self._settled:  # cancelled by its client before it started
+                return
+            if self._closing:
+                raise asyncio.CancelledError  # the session ended before it started: answered below
             line = await self._call(message)
             if request_id in self._settled:  # the client cancelled it as it finished: no answer
                 return
@@ -242,6 +253,7 @@ class RawLane:
         finally:
             del self._calls[request_id]
             self._settled.discard(request_id)
+            self._running.discard(request_id)
             self._done(request_id)
 
     async def _answer_at_shutdown(self, request_id: Any) -> None:
