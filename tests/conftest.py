@@ -122,7 +122,7 @@ def alive(pid: int) -> bool:
     """True while `pid` runs; a zombie (killed but not yet reaped) counts as gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone between the open and the read: ESRCH
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 

@@ -111,10 +111,16 @@ class LineClient:
 
 @asynccontextmanager
 async def raw_bench(
-    config_path: Path, *, max_in_flight: int = 64, capabilities: dict[str, Any] | None = None
+    config_path: Path,
+    *,
+    max_in_flight: int = 64,
+    capabilities: dict[str, Any] | None = None,
+    drain_seconds: float = 10.0,
 ) -> AsyncIterator[tuple[AggregatorServer, LineClient]]:
     """The aggregator of `config_path` serving one line client (initialized) over a socket pair."""
-    async with raw_clients(config_path, 1, max_in_flight=max_in_flight, capabilities=capabilities) as (
+    async with raw_clients(
+        config_path, 1, max_in_flight=max_in_flight, capabilities=capabilities, drain_seconds=drain_seconds
+    ) as (
         server,
         clients,
     ):
@@ -123,7 +129,12 @@ async def raw_bench(
 
 @asynccontextmanager
 async def raw_clients(
-    config_path: Path, count: int, *, max_in_flight: int = 64, capabilities: dict[str, Any] | None = None
+    config_path: Path,
+    count: int,
+    *,
+    max_in_flight: int = 64,
+    capabilities: dict[str, Any] | None = None,
+    drain_seconds: float = 10.0,
 ) -> AsyncIterator[tuple[AggregatorServer, list[LineClient]]]:
     """The aggregator of `config_path` serving `count` line clients at once, each on its own socket
     pair (as the service serves the clients of `aggregator connect`), all initialized."""
@@ -139,7 +150,7 @@ async def raw_clients(
                 writer = os.dup(ours.fileno())
                 stack.callback(os.close, writer)
                 wire = Wire(ours.fileno(), writer, True, True)
-                tg.start_soon(_serve, server, wire, StdioLimits(max_in_flight=max_in_flight))
+                tg.start_soon(_serve, server, wire, StdioLimits(max_in_flight, drain_seconds))
                 client = LineClient(theirs)
                 tg.start_soon(client.read_forever)
                 await client.initialize(capabilities if capabilities is not None else {"sampling": {}})

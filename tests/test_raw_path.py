@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import sys
 from collections.abc import Iterator
 from functools import partial
@@ -20,8 +21,9 @@ from typing import Any
 import anyio
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from mcp_types.jsonrpc import CONNECTION_CLOSED
 
 from aggregator.proxy.server import AggregatorServer
 from tests.conftest import kit_upstream
@@ -238,17 +240,23 @@ def test_what_must_keep_the_full_path_falls_back_and_is_still_answered(bench: Be
     assert after.get("params", 0) == before.get("params", 0) + 1
 
 
+async def slow_call(server: AggregatorServer, client: LineClient, request_id: str) -> Any:
+    """A 30-second `rawkit__slow` call, running at the upstream on return; where its answer arrives."""
+    answer = client.expect(request_id)
+    call = {"name": "rawkit__slow", "arguments": {"seconds": 30, "steps": 0}}
+    await client.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": call})
+    with anyio.fail_after(5):
+        while not server.pool.connection("rawkit").busy:
+            await anyio.sleep(0.01)
+    return answer
+
+
 def test_a_cancelled_raw_call_frees_its_slot(tmp_path: Path) -> None:
     config = twin_config(tmp_path)
 
     async def scenario() -> None:
         async with raw_bench(config, max_in_flight=1) as (server, client):
-            answer = client.expect("slow-1")
-            call = {"name": "rawkit__slow", "arguments": {"seconds": 30, "steps": 0}}
-            await client.send({"jsonrpc": "2.0", "id": "slow-1", "method": "tools/call", "params": call})
-            with anyio.fail_after(5):
-                while not server.pool.connection("rawkit").busy:
-                    await anyio.sleep(0.01)
+            answer = await slow_call(server, client, "slow-1")
             await client.send(
                 {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "slow-1"}}
             )
@@ -259,6 +267,51 @@ def test_a_cancelled_raw_call_frees_its_slot(tmp_path: Path) -> None:
                 pytest.fail("a cancelled request was answered")
         events = (tmp_path / "rawkit.events").read_text()
         assert re.search(r"cancelled agg-\d+", events), events
+
+    anyio.run(scenario)
+
+
+def test_a_raw_call_cancelled_in_the_same_write_as_its_request_frees_its_slot(tmp_path: Path) -> None:
+    """The request and its cancel arrive together: the call is cancelled before its task ever ran."""
+    config = twin_config(tmp_path)
+
+    async def scenario() -> None:
+        async with raw_bench(config, max_in_flight=1) as (server, client):
+            await client.request("tools/list")  # the direct tools known: the call below takes the raw path
+            taken = server.raw.taken
+            answer = client.expect("quick-1")
+            call = {"name": "rawkit__slow", "arguments": {"seconds": 30, "steps": 0}}
+            request = {"jsonrpc": "2.0", "id": "quick-1", "method": "tools/call", "params": call}
+            cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "quick-1"}}
+            await client.send(json.dumps(request).encode() + b"\n" + json.dumps(cancel).encode() + b"\n")
+            echoed = await client.call("rawkit__echo", {"message": "next"}, timeout=5)  # the only slot is free
+            assert echoed["result"]["content"][0]["text"] == "next"
+            assert server.raw.taken == taken + 1  # the echo; the cancelled call never ran
+            with anyio.move_on_after(0.3):
+                await answer.receive()
+                pytest.fail("a cancelled request was answered")
+
+    anyio.run(scenario)
+
+
+def test_a_raw_call_running_when_the_client_leaves_is_answered_and_cancelled_upstream(tmp_path: Path) -> None:
+    """EOF on the client's stdin: after the drain time a raw call still running gets the SDK's
+    `Connection closed` answer (as a full-path request does) and its upstream a cancel."""
+    config = twin_config(tmp_path)
+
+    async def scenario() -> None:
+        async with raw_bench(config, drain_seconds=0.2) as (server, client):
+            await client.request("tools/list")  # the direct tools known: the call below takes the raw path
+            taken = server.raw.taken
+            answer = await slow_call(server, client, "slow-1")
+            assert server.raw.taken == taken + 1
+            client.sock.shutdown(socket.SHUT_WR)
+            with anyio.fail_after(5):
+                closed = await answer.receive()
+            assert closed["error"]["code"] == CONNECTION_CLOSED, closed
+            with anyio.fail_after(5):
+                while not re.search(r"cancelled agg-\d+", (tmp_path / "rawkit.events").read_text()):
+                    await anyio.sleep(0.05)
 
     anyio.run(scenario)
 
@@ -338,6 +391,10 @@ catalog_arguments = st.fixed_dictionaries(
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(call=calls, catalog=catalog_arguments)
+@example(  # the SDK runner's params model refuses a null token that its surface check lets by
+    call={"name": "rawkit__echo", "arguments": None, "_meta": {"progressToken": None}},
+    catalog={"server": "rawkit", "tool": "echo"},
+)
 def test_fuzzed_calls_answer_the_same_on_both_paths(
     bench: Bench, call: dict[str, Any], catalog: dict[str, Any]
 ) -> None:

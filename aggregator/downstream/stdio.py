@@ -137,8 +137,9 @@ class InFlight:
         self._wake()
 
     def _wake(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
+        if self._changed.statistics().tasks_waiting:  # else nobody is told: the event stays (one per call saved)
+            self._changed.set()
+            self._changed = anyio.Event()
 
     def draining(self) -> int:
         """Requests that a shutdown waits for: queued and running ones, long-lived subscriptions excepted."""

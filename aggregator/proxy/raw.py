@@ -5,7 +5,8 @@ validated into a model, the result dumped and sieved, a response model encoded) 
 client session. On a line-based client (stdio, or a service client over the Unix socket),
 a `tools/call` to a direct tool or `catalog_call_tool`, a `prompts/get`, a `resources/read` or
 a `completion/complete` is taken here instead, after `parse_client_line` has checked the
-envelope and the SDK's own validator the params: the same handler code runs
+envelope and the SDK's own validator the params (a plain `tools/call`'s are checked in JSON
+terms, `raw_checks.py`): the same handler code runs
 (`AggregatorServer.call_tool_for`, `Passthrough.*_for`: lazy start, name resolution, faults,
 secrets masking and `on_call_result` are those of the full path), its result is sieved exactly
 as the SDK's runner sieves it and written to the client as bytes with the client's own id.
@@ -22,6 +23,7 @@ id still in flight (`duplicate_id`).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Protocol
@@ -41,6 +43,7 @@ from pydantic import BaseModel, ValidationError
 
 from aggregator.log import get_logger
 from aggregator.proxy.passthrough import for_era, forwarded_meta
+from aggregator.proxy.raw_checks import plain_text_result, tools_call_params_ok
 from aggregator.proxy.relay import RawOrigin
 from aggregator.tools.base import ToolContext, invalid_result
 from aggregator.wire import encode
@@ -132,7 +135,10 @@ class RawLane:
         self._replies = replies
         self._done = done
         self.connection: Connection | None = None  # learnt from the first request the SDK handles
-        self._calls: dict[Any, anyio.CancelScope] = {}
+        self._calls: dict[Any, asyncio.Task[None]] = {}
+        self._settled: set[Any] = set()  # calls cancelled by their client, or whose answer is being written
+        self._running: set[Any] = set()  # calls whose task has started (only those are cancelled as tasks)
+        self._supervised = self._closing = False
 
     def bind(self, connection: Connection) -> None:
         if self.connection is None:
@@ -164,44 +170,91 @@ class RawLane:
         ):
             return "era"
         params = message.params
-        try:
-            validate_client_request(message.method, connection.protocol_version, params)
-        except (ValidationError, ValueError, KeyError):
+        if not (message.method == "tools/call" and tools_call_params_ok(params)) and not self._params_valid(
+            message.method, connection.protocol_version, params
+        ):
             return "params"
         assert params is not None  # the four methods require params
         if "task" in params:
             return "task"
         return self.router.route(message.method, params)
 
-    def start(self, message: types.JSONRPCRequest, task_group: anyio.abc.TaskGroup) -> None:
-        scope = self._calls[message.id] = anyio.CancelScope()
-        task_group.start_soon(self._run, message, scope)
-
-    def cancel(self, params: Mapping[str, Any] | None) -> bool:
-        """A client's `notifications/cancelled` for one of our calls: cancel it (no answer is due)."""
-        request_id = params.get("requestId") if params else None
-        scope = self._calls.get(request_id) if isinstance(request_id, str | int) else None
-        if scope is None:
+    def _params_valid(self, method: str, version: str, params: Mapping[str, Any] | None) -> bool:
+        """As the SDK's runner checks them: the version's surface, then the handler's params model
+        (stricter in places: a null `progressToken` passes the first, not the second)."""
+        entry = self.router.server.lowlevel.get_request_handler(method)
+        try:
+            validate_client_request(method, version, params)
+            if entry is not None:
+                entry.params_type.model_validate({} if params is None else params, by_name=False)
+        except (ValidationError, ValueError, KeyError):
             return False
-        scope.cancel()
         return True
 
-    async def _run(self, message: types.JSONRPCRequest, scope: anyio.CancelScope) -> None:
-        """One call; its answer written unless the client cancelled it (or the session ended)."""
+    def start(self, message: types.JSONRPCRequest, task_group: anyio.abc.TaskGroup) -> None:
+        """Run the call in an asyncio task of its own: a fifth of anyio's cost to start one (the server
+        runs on asyncio). `_supervise`, in `task_group`, cancels the calls when the session ends."""
+        if not self._supervised:
+            self._supervised = True
+            task_group.start_soon(self._supervise)
+        self._calls[message.id] = asyncio.get_running_loop().create_task(self._run(message))
+
+    def cancel(self, params: Mapping[str, Any] | None) -> bool:
+        """A client's `notifications/cancelled` for one of our calls: cancel it (no answer is due).
+
+        A call whose answer is already being written is not stopped (a line cut short would break
+        the client's stream): the answer goes out, as the full path's would.
+        """
+        request_id = params.get("requestId") if params else None
+        if not isinstance(request_id, str | int) or request_id not in self._calls:
+            return False
+        if request_id not in self._settled:
+            self._settled.add(request_id)
+            if request_id in self._running:  # else `_run` sees it settled when it starts
+                self._calls[request_id].cancel()
+        return True
+
+    async def _supervise(self) -> None:
+        """Wait for the session's end; then cancel the calls still running and let them answer."""
         try:
-            line: bytes | None = None
-            with scope:
-                line = await self._call(message)
-            if line is not None:
-                with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    await self._replies.send(line)
-        except anyio.get_cancelled_exc_class():
-            if line is None:  # the session is ending: answered as the SDK answers its own requests then
-                await self._answer_at_shutdown(message.id)
-            raise
+            await anyio.sleep_forever()
         finally:
-            del self._calls[message.id]
-            self._done(message.id)
+            self._closing = True  # a call not started yet answers as soon as it starts
+            for request_id in self._running:
+                self._calls[request_id].cancel()
+            if self._calls:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(2 * SHUTDOWN_WRITE_SECONDS):
+                    await asyncio.wait(list(self._calls.values()))
+
+    async def _run(self, message: types.JSONRPCRequest) -> None:
+        """One call; its answer written unless the client cancelled it (or the session ended).
+
+        A task cancelled before its first step would never run this body (nor its `finally`), so a
+        call is cancelled as a task only once it runs; before, it is marked and stops here.
+        """
+        request_id, line = message.id, None
+        self._running.add(request_id)
+        try:
+            if request_id in self._settled:  # cancelled by its client before it started
+                return
+            if self._closing:
+                raise asyncio.CancelledError  # the session ended before it started: answered below
+            line = await self._call(message)
+            if request_id in self._settled:  # the client cancelled it as it finished: no answer
+                return
+            self._settled.add(request_id)  # from here on the answer is written whole
+            with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await self._replies.send(line)
+        except asyncio.CancelledError:  # the task ends here: cancelled by its client, or the session is ending
+            if line is None and request_id not in self._settled:
+                await self._answer_at_shutdown(request_id)  # as the SDK answers its own requests then
+        except Exception as exc:  # nothing else is raised here; were it, the client's slot must still be freed
+            log.error("raw call failed", error=f"{type(exc).__name__}: {exc}"[:300])
+        finally:
+            del self._calls[request_id]
+            self._settled.discard(request_id)
+            self._running.discard(request_id)
+            self._done(request_id)
 
     async def _answer_at_shutdown(self, request_id: Any) -> None:
         line = _error_line(request_id, CONNECTION_CLOSED, "Connection closed")
@@ -259,12 +312,13 @@ async def _no_progress(progress: float, total: float | None, message: str | None
 def _result_line(request_id: Any, method: str, result: Any, version: str, hint: CacheHint | None) -> bytes:
     """The answer as the full path writes it: for `tools/call` `_call_result`'s check; then the SDK
     runner's cache hint, dump and sieve for the client's version (one validation does the check and
-    the sieve), in a response with the client's id."""
+    the sieve; a plain text result needs neither, `raw_checks.py`), in a response with the client's id."""
     result = for_era(result, version)
     if hint is not None and isinstance(result, Mapping) and not is_input_required(result):
         result = {"ttlMs": hint.ttl_ms, "cacheScope": hint.scope, **result}
     try:
-        dumped = serialize_server_result(method, version, _dumped(result))
+        plain = plain_text_result(result) if method == "tools/call" else None
+        dumped = plain if plain is not None else serialize_server_result(method, version, _dumped(result))
     except ValidationError as exc:
         if method != "tools/call":
             log.exception("handler for %r returned an invalid result", method)
