@@ -19,6 +19,7 @@ from aggregator.cli.exit_codes import EXIT_FAILED, EXIT_USAGE
 from aggregator.config import AggregatorConfig, UpstreamConfig
 from aggregator.log import redact_text
 from aggregator.settings import Settings, resolve_data_dir
+from aggregator.suggest import did_you_mean
 from aggregator.table import render_table
 from aggregator.upstream.oauth_providers import Authenticator, uses_oauth
 from aggregator.upstream.oauth_signin import CALLBACK_TIMEOUT_SECONDS
@@ -63,8 +64,9 @@ def _remote(config: AggregatorConfig, name: str) -> UpstreamConfig | str:
     """The upstream that signs in, or why `name` is not one."""
     upstream = config.upstreams.get(name)
     if upstream is None:
-        known = ", ".join(n for n, u in config.upstreams.items() if uses_oauth(u)) or "none"
-        return f"no upstream named {name!r} (upstreams that sign in: {known})"
+        signing = [n for n, u in config.upstreams.items() if uses_oauth(u)]
+        known = ", ".join(signing) or "none"
+        return f"no upstream named {name!r}{did_you_mean(name, signing)} (upstreams that sign in: {known})"
     if not uses_oauth(upstream):
         why = (
             "a local (stdio) server"
@@ -120,8 +122,16 @@ async def _status(args: argparse.Namespace, config: AggregatorConfig, settings: 
 
 async def _logout(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
     store = _store(args, settings)
-    if store.remove(args.name):
+    try:
+        removed = store.remove(args.name)  # also the tokens of an upstream no longer in the config
+    except TokenStoreError as exc:
+        print(f"aggregator: cannot reach the token store: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if removed:
         print(f"signed out of {args.name}: its tokens and client registration are forgotten")
+    elif args.name not in config.upstreams:  # a typo: say so, not "was not signed in"
+        print(f"aggregator: {_remote(config, args.name)}", file=sys.stderr)
+        return EXIT_USAGE
     else:
         print(f"{args.name} was not signed in")
     return 0

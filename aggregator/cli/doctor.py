@@ -166,7 +166,10 @@ async def check_upstreams(
 
     store = TokenStore.in_data_dir(data_dir) if data_dir is not None else TokenStore(None)
     if any(uses_oauth(upstream) for upstream in config.upstreams.values()):
-        findings.append(Finding("note", "OAuth tokens", f"kept in {store.where()}"))
+        if (unusable := store.unusable()) is not None:  # no remote upstream can sign in
+            findings.append(Finding("problem", "OAuth tokens", f"no token store: {unusable}", _STORE_FIX))
+        else:
+            findings.append(Finding("note", "OAuth tokens", f"kept in {store.where()}"))
     reachable: dict[str, UpstreamConfig] = {}
     for name, upstream in config.upstreams.items():
         problem = _command_problem(upstream) if upstream.transport == "stdio" else await _url_problem(upstream)
@@ -194,7 +197,12 @@ async def check_upstreams(
                 fix = "run its command by hand to see why it fails"
                 if "sign-in needed" in error:
                     detail, fix = "sign-in needed", f"run `{login_command(status.name)}`"
+                elif "no token store" in error:
+                    fix = _STORE_FIX
                 findings.append(Finding("problem", subject, detail, fix))
+
+
+_STORE_FIX = "unset AGGREGATOR_TOKEN_STORE (or set it to file), or install a keyring backend"
 
 
 def _unprobed(upstream: UpstreamConfig, store: Any) -> Finding:

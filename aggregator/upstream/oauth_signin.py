@@ -26,6 +26,8 @@ import anyio.to_thread
 from mcp.client.auth import OAuthFlowError, OAuthRegistrationError, OAuthTokenError
 from mcp.shared.auth import AuthorizationCodeResult
 
+from aggregator.upstream.oauth_tokens import TokenStoreError
+
 __all__ = [
     "CALLBACK_TIMEOUT_SECONDS",
     "BrowserStep",
@@ -71,6 +73,8 @@ def describe_auth_error(exc: BaseException) -> str | None:
         return str(exc)
     if isinstance(exc, OAuthFlowError | OAuthTokenError | OAuthRegistrationError):
         return f"sign-in failed: {exc}"
+    if isinstance(exc, TokenStoreError):
+        return f"no token store: {exc}"
     return None
 
 

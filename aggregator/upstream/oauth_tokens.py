@@ -178,12 +178,20 @@ class TokenStore:
         """Which store holds the tokens (for `auth status` and `doctor`), never what is in it."""
         if self.path is None:
             return "memory (no data dir)"
-        try:
-            place = self._settled()
-        except TokenStoreError as exc:
-            return f"none: {exc}"
+        if (why := self.unusable()) is not None:
+            return f"none: {why}"
         note = f"; keyring not used: {self._why_not_keyring}" if self._why_not_keyring and self.choice == "auto" else ""
-        return place.describe() + note
+        return self._settled().describe() + note
+
+    def unusable(self) -> str | None:
+        """Why the chosen store cannot keep any token (a bad choice, `keyring` without one), else None."""
+        if self.path is None:
+            return None
+        try:
+            self._settled()
+        except TokenStoreError as exc:
+            return str(exc)
+        return None
 
     def read(self) -> dict[str, dict[str, Any]]:
         if self.path is None:

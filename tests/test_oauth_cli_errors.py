@@ -1,0 +1,106 @@
+"""The mistakes a person makes with `aggregator auth` and the token store, as the command line answers them.
+
+A typo is one line on stderr, exit code 2, no traceback, and the stored tokens stay as they were;
+a token store that cannot be used (`AGGREGATOR_TOKEN_STORE=keyring` with no keyring) is one line
+that says so, in `auth logout`, `call` and `doctor` alike, never an "unexpected error". No
+upstream is started here: the remote's URL is never reached.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aggregator.upstream.oauth_tokens import TokenStore
+from tests.conftest import run_main, write_config
+
+URL = "http://127.0.0.1:9/mcp"
+SECRET = "at-never-shown-3f1c"
+UPSTREAMS = {"remote": {"url": URL, "auth": "oauth"}, "local": {"command": sys.executable}}
+
+
+@pytest.fixture
+def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    data = tmp_path / "data"
+    monkeypatch.setenv("AGGREGATOR_DATA_DIR", str(data))
+    monkeypatch.setenv("AGGREGATOR_TOKEN_STORE", "file")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("AGGREGATOR_BROWSER", raising=False)
+    TokenStore.in_data_dir(data).update("remote", URL, tokens={"access_token": SECRET, "token_type": "Bearer"})
+    return {"config": str(write_config(tmp_path, UPSTREAMS)), "store": data / "oauth-tokens.json"}
+
+
+def run(capsys: pytest.CaptureFixture[str], setup: dict[str, Any], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    done = run_main(capsys, *argv[:1], "--config", setup["config"], *argv[1:])
+    assert SECRET not in done.stdout + done.stderr
+    return done.returncode, done.stdout, done.stderr
+
+
+def one_line(err: str) -> bool:
+    return len(err.strip().splitlines()) == 1 and "Traceback" not in err and "unexpected" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["auth", "login", "remot"], "no upstream named 'remot' (did you mean 'remote'?)"),
+        (["auth", "logout", "remot"], "no upstream named 'remot' (did you mean 'remote'?)"),
+        (["auth", "logout", "nme"], "no upstream named 'nme' (upstreams that sign in: remote)"),
+        (["auth", "login", "local"], "does not sign in with OAuth"),
+        (["auth", "statuss"], "did you mean 'status'?"),
+    ],
+)
+def test_a_typo_is_one_line_exit_2_and_keeps_the_tokens(
+    argv: list[str], expected: str, setup: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = setup["store"].read_bytes()
+    code, _, err = run(capsys, setup, *argv)
+    assert code == 2 and one_line(err) and expected in err, err
+    assert setup["store"].read_bytes() == before
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.from_regex(r"[A-Za-z0-9_-]{1,24}", fullmatch=True).filter(lambda n: n not in UPSTREAMS))
+def test_logging_out_of_any_unknown_name_says_so_and_forgets_nothing(
+    name: str, setup: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, setup, "auth", "logout", name)
+    assert (code, out) == (2, "") and one_line(err) and f"no upstream named {name!r}" in err
+    assert TokenStore.in_data_dir(setup["store"].parent).entry("remote", URL)["tokens"]["access_token"] == SECRET
+
+
+def test_logout_forgets_an_upstream_already_removed_from_the_config(
+    setup: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    TokenStore.in_data_dir(setup["store"].parent).update("gone", "https://gone.example/mcp", tokens={"a": "b"})
+    code, out, _ = run(capsys, setup, "auth", "logout", "gone")
+    assert code == 0 and "signed out of gone" in out
+    assert "gone" not in TokenStore.in_data_dir(setup["store"].parent).read()
+    code, out, _ = run(capsys, setup, "auth", "logout", "remote")  # in the config: a plain answer either way
+    assert code == 0 and "signed out of remote" in out
+    code, out, _ = run(capsys, setup, "auth", "logout", "remote")
+    assert code == 0 and "remote was not signed in" in out
+
+
+def test_a_chosen_keyring_that_is_not_there_is_one_clear_line_everywhere(
+    setup: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGGREGATOR_TOKEN_STORE", "keyring")  # keyring's fail backend (tests/conftest.py)
+    before = setup["store"].read_bytes()
+    code, _, err = run(capsys, setup, "auth", "logout", "remote")
+    assert code == 1 and one_line(err) and "cannot reach the token store: AGGREGATOR_TOKEN_STORE=keyring" in err
+
+    code, out, _ = run(capsys, setup, "doctor", "--no-probe")
+    line = "PROBLEM OAuth tokens: no token store: AGGREGATOR_TOKEN_STORE=keyring, but no usable keyring backend"
+    assert code == 1 and line in out and "Fix: unset AGGREGATOR_TOKEN_STORE" in out
+
+    code, out, err = run(capsys, setup, "call", "remote", "echo", "text=x")
+    assert code == 1 and one_line(out + err) and "TokenStoreError" not in err
+    assert "could not start: no token store: AGGREGATOR_TOKEN_STORE=keyring" in err
+    assert setup["store"].read_bytes() == before  # the file store keeps what it had
