@@ -96,6 +96,24 @@ def test_a_mistyped_command_or_client_says_what_was_meant(
     one_line(run_main(capsys, *argv, "--config", str(config)), 2, *parts)
 
 
+@pytest.mark.parametrize(
+    ("argv", "help_of"),
+    [
+        (["auth", "status", "kit"], "aggregator auth status"),
+        (["auth", "login", "kit", "extra"], "aggregator auth login"),
+        (["service", "status", "x"], "aggregator service status"),
+        (["tools", "kit", "extra"], "aggregator tools"),
+        (["call", "kit", "echo", "--bogus"], "aggregator call"),
+    ],
+)
+def test_a_word_too_many_names_the_help_of_the_command_it_was_given_to(
+    config: Path, capsys: pytest.CaptureFixture[str], argv: list[str], help_of: str
+) -> None:
+    done = run_main(capsys, *argv, "--config", str(config))
+    word = argv[-1]
+    one_line(done, 2, f"{help_of}: error: unrecognized arguments: {word} (see {help_of} --help)")
+
+
 def test_a_user_sees_one_line_and_a_bare_aggregator_prints_help(config: Path) -> None:
     one_line(run_cli("call", "kit", "ehco", "message=hi", "--config", str(config)), 2, "did you mean 'echo'?")
     done = run_cli()
