@@ -3,7 +3,7 @@
 A typo is one line on stderr, exit code 2, no traceback, and the stored tokens stay as they were;
 a token store that cannot be used (`AGGREGATOR_TOKEN_STORE=keyring` with no keyring) is one line
 that says so, in `auth logout`, `call` and `doctor` alike, never an "unexpected error". No
-upstream is started here: the remote's URL is never reached.
+upstream is started here but the one of `tests/oauth_server.py`, where a sign-in is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from hypothesis import strategies as st
 
 from aggregator.upstream.oauth_tokens import TokenStore
 from tests.conftest import run_main, write_config
+from tests.test_oauth import BROWSER, AuthServer, server  # noqa: F401  (fixture)
+from tests.test_oauth import run as oauth_run
+from tests.test_oauth import setup as setup_remote  # noqa: F401  (fixture)
 
 URL = "http://127.0.0.1:9/mcp"
 SECRET = "at-never-shown-3f1c"
@@ -66,7 +69,7 @@ def test_a_typo_is_one_line_exit_2_and_keeps_the_tokens(
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(name=st.from_regex(r"[A-Za-z0-9_-]{1,24}", fullmatch=True).filter(lambda n: n not in UPSTREAMS))
+@given(name=st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,23}", fullmatch=True).filter(lambda n: n not in UPSTREAMS))
 def test_logging_out_of_any_unknown_name_says_so_and_forgets_nothing(
     name: str, setup: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -104,3 +107,24 @@ def test_a_chosen_keyring_that_is_not_there_is_one_clear_line_everywhere(
     assert code == 1 and one_line(out + err) and "TokenStoreError" not in err
     assert "could not start: no token store: AGGREGATOR_TOKEN_STORE=keyring" in err
     assert setup["store"].read_bytes() == before  # the file store keeps what it had
+
+
+@pytest.mark.parametrize("refusal", ["--deny", "--forged-deny"])
+def test_a_refused_sign_in_is_one_line_and_a_forged_refusal_is_ignored(
+    refusal: str,
+    server: AuthServer,  # noqa: F811
+    setup_remote: dict[str, Any],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AGGREGATOR_BROWSER", f"{BROWSER} {refusal}")
+    code, out, err = oauth_run(capsys, setup_remote, "auth", "login", "remote")
+    log = setup_remote["log"].read_text()
+    assert "Traceback" not in err + log and "OAuth flow error" not in log
+    if refusal == "--forged-deny":  # another page's refusal does not end this sign-in
+        assert code == 0 and "signed in to remote" in out, err
+        return
+    last = err.strip().splitlines()[-1]
+    assert code == 1 and last.startswith("aggregator: sign-in to 'remote' failed"), err
+    assert "the authorization server refused the sign-in: access_denied the user said no" in last
+    assert "command not executable" not in err and server.stats()["authorization_code"] == 0
