@@ -8,6 +8,7 @@ upstream is started here but the one of `tests/oauth_server.py`, where a sign-in
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from tests.conftest import run_main, write_config
 from tests.test_oauth import BROWSER, AuthServer, server  # noqa: F401  (fixture)
 from tests.test_oauth import run as oauth_run
 from tests.test_oauth import setup as setup_remote  # noqa: F401  (fixture)
+from tests.test_pool import toolbox_over
 
 URL = "http://127.0.0.1:9/mcp"
 SECRET = "at-never-shown-3f1c"
@@ -128,3 +130,17 @@ def test_a_refused_sign_in_is_one_line_and_a_forged_refusal_is_ignored(
     assert code == 1 and last.startswith("aggregator: sign-in to 'remote' failed"), err
     assert "the authorization server refused the sign-in: access_denied the user said no" in last
     assert "command not executable" not in err and server.stats()["authorization_code"] == 0
+
+
+def test_login_to_a_server_that_asks_for_no_sign_in_does_not_claim_one(
+    setup: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGGREGATOR_BROWSER", BROWSER)
+    with toolbox_over("streamable-http") as url:
+        for auth in ({}, {"auth": "oauth"}):  # found out, or configured and not asked for
+            config = write_config(tmp_path, {"open": {"url": url, **auth}})
+            done = run_main(capsys, "auth", "login", "--config", str(config), "open")
+            assert done.returncode == 0 and "signed in" not in done.stdout, done.stderr
+            assert "open did not ask for a sign-in: it answers without one" in done.stdout
+            done = run_main(capsys, "auth", "status", "--config", str(config), "--json")
+            assert json.loads(done.stdout)[0]["state"] == "signed out"

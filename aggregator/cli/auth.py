@@ -99,6 +99,9 @@ async def _login(args: argparse.Namespace, config: AggregatorConfig, settings: S
     if fault is not None and state["state"] == "signed out":
         print(f"aggregator: sign-in to {upstream.name!r} failed: {fault.message}", file=sys.stderr)
         return EXIT_FAILED
+    if fault is None and state["state"] == "signed out":  # it served us without asking for a sign-in
+        print(f"{upstream.name} did not ask for a sign-in: it answers without one (nothing was stored)")
+        return 0
     print(f"signed in to {upstream.name}{_describe(state)}")
     if fault is not None:
         print(f"aggregator: signed in, but the upstream did not start: {fault.message}", file=sys.stderr)
