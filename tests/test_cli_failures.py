@@ -75,6 +75,18 @@ def test_an_upstream_that_cannot_start_is_one_line_exit_1(
     one_line(done, 1, "could not start", "no-such-server", "aggregator doctor")
 
 
+@pytest.mark.parametrize("transport", ["http", "sse"])
+def test_a_remote_upstream_nothing_answers_at_is_named_by_host_and_port_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], transport: str
+) -> None:
+    port = free_port()  # nothing listens there
+    url = f"http://127.0.0.1:{port}/mcp?key=not-for-the-screen"
+    config = write_config(tmp_path, {"far": {"url": url, "transport": transport, "auth": "none"}})
+    done = run_main(capsys, "call", "far", "x", "--config", str(config))
+    one_line(done, 1, f"upstream 'far' could not start: 127.0.0.1:{port} is not reachable (")
+    assert "ConnectError" not in done.stderr and "not-for-the-screen" not in done.stderr
+
+
 @pytest.mark.parametrize(
     ("argv", "parts"),
     [
