@@ -111,24 +111,34 @@ def test_a_chosen_keyring_that_is_not_there_is_one_clear_line_everywhere(
     assert setup["store"].read_bytes() == before  # the file store keeps what it had
 
 
-@pytest.mark.parametrize("refusal", ["--deny", "--forged-deny"])
-def test_a_refused_sign_in_is_one_line_and_a_forged_refusal_is_ignored(
-    refusal: str,
+@pytest.mark.parametrize(
+    ("browser", "why"),
+    [
+        ("--deny", "the authorization server refused the sign-in: access_denied the user said no"),
+        ("--forged-deny", None),  # another page's refusal does not end this sign-in: it succeeds
+        ("no-such-browser", "sign-in needed (AGGREGATOR_BROWSER could not run"),
+    ],
+)
+def test_a_failed_sign_in_says_why_once_and_a_forged_refusal_is_ignored(
+    browser: str,
+    why: str | None,
     server: AuthServer,  # noqa: F811
     setup_remote: dict[str, Any],  # noqa: F811
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("AGGREGATOR_BROWSER", f"{BROWSER} {refusal}")
+    command = f"{BROWSER} {browser}" if browser.startswith("--") else str(setup_remote["data"] / browser)
+    monkeypatch.setenv("AGGREGATOR_BROWSER", command)
     code, out, err = oauth_run(capsys, setup_remote, "auth", "login", "remote")
     log = setup_remote["log"].read_text()
     assert "Traceback" not in err + log and "OAuth flow error" not in log
-    if refusal == "--forged-deny":  # another page's refusal does not end this sign-in
+    if why is None:
         assert code == 0 and "signed in to remote" in out, err
         return
     last = err.strip().splitlines()[-1]
-    assert code == 1 and last.startswith("aggregator: sign-in to 'remote' failed"), err
-    assert "the authorization server refused the sign-in: access_denied the user said no" in last
+    assert code == 1 and last.startswith(f"aggregator: sign-in to 'remote' failed: {why}"), err
+    assert "could not start" not in last and "sign-in failed" not in last  # said once, without the plumbing
+    assert "auth login" not in last  # not "run the command you just ran"
     assert "command not executable" not in err and server.stats()["authorization_code"] == 0
 
 

@@ -22,7 +22,7 @@ from aggregator.settings import Settings, resolve_data_dir
 from aggregator.suggest import did_you_mean
 from aggregator.table import render_table
 from aggregator.upstream.oauth_providers import Authenticator, uses_oauth
-from aggregator.upstream.oauth_signin import CALLBACK_TIMEOUT_SECONDS
+from aggregator.upstream.oauth_signin import CALLBACK_TIMEOUT_SECONDS, login_command
 from aggregator.upstream.oauth_tokens import TokenStore, TokenStoreError
 from aggregator.upstream.pool import UpstreamPool
 
@@ -94,10 +94,13 @@ async def _login(args: argparse.Namespace, config: AggregatorConfig, settings: S
     authenticator = Authenticator(store, interactive=True, browser=settings.browser)
     async with UpstreamPool.running(one, data_dir, authenticator=authenticator) as pool:
         outcome = await pool.start_all([upstream.name])
+        [status] = pool.statuses()
     fault = outcome.get(upstream.name)
     state = sign_in_state(store, upstream)
-    if fault is not None and state["state"] == "signed out":
-        print(f"aggregator: sign-in to {upstream.name!r} failed: {fault.message}", file=sys.stderr)
+    if fault is not None and state["state"] == "signed out":  # why, without "upstream X could not start: "
+        why = redact_text(status.last_error or "").removeprefix("sign-in failed: ") or fault.message
+        why = why.removesuffix(f": run `{login_command(upstream.name)}`")  # the command that just ran
+        print(f"aggregator: sign-in to {upstream.name!r} failed: {why}", file=sys.stderr)
         return EXIT_FAILED
     if fault is None and state["state"] == "signed out":  # it served us without asking for a sign-in
         print(f"{upstream.name} did not ask for a sign-in: it answers without one (nothing was stored)")
