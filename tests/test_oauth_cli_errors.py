@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aggregator.upstream.oauth_tokens import TokenStore
-from tests.conftest import run_main, write_config
+from tests.conftest import aggregator_env, run_main, write_config
+from tests.test_cli import run_cli
 from tests.test_oauth import BROWSER, AuthServer, server  # noqa: F401  (fixture)
 from tests.test_oauth import run as oauth_run
 from tests.test_oauth import setup as setup_remote  # noqa: F401  (fixture)
@@ -154,3 +155,22 @@ def test_login_to_a_server_that_asks_for_no_sign_in_does_not_claim_one(
             assert "open did not ask for a sign-in: it answers without one" in done.stdout
             done = run_main(capsys, "auth", "status", "--config", str(config), "--json")
             assert json.loads(done.stdout)[0]["state"] == "signed out"
+
+
+def test_client_credentials_without_issuer_is_a_doctor_note_never_a_raw_python_warning(
+    server: AuthServer,  # noqa: F811  (it refuses these credentials: the start fails)
+    setup: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    entry = {"url": server.url, "auth": "client_credentials", "client_id": "c", "client_secret": "cc-secret-qa"}
+    config = write_config(tmp_path, {"cc": entry})
+    env = aggregator_env(AGGREGATOR_DATA_DIR=str(tmp_path / "data"))
+    done = run_cli("call", "cc", "echo", "text=x", "--config", str(config), env=env)  # as a user runs it
+    assert done.returncode == 1 and done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
+    assert "Warning" not in done.stderr and "cc-secret-qa" not in done.stderr
+    assert "upstream 'cc' could not start: sign-in failed" in done.stderr
+
+    doctor = run_main(capsys, "doctor", "--config", str(config))
+    assert "note    upstream cc: no issuer: its client credentials go to whichever authorization" in doctor.stdout
+    assert "Fix: check its url, headers and auth settings" in doctor.stdout and "by hand" not in doctor.stdout

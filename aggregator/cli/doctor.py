@@ -172,6 +172,10 @@ async def check_upstreams(
             findings.append(Finding("note", "OAuth tokens", f"kept in {store.where()}"))
     reachable: dict[str, UpstreamConfig] = {}
     for name, upstream in config.upstreams.items():
+        if upstream.auth == "client_credentials" and upstream.issuer is None:
+            why = "no issuer: its client credentials go to whichever authorization server the MCP server names"
+            fix = "set `issuer` to the URL of your authorization server"
+            findings.append(Finding("note", f"upstream {name}", why, fix))
         problem = _command_problem(upstream) if upstream.transport == "stdio" else await _url_problem(upstream)
         if problem is not None:
             findings.append(problem)
@@ -199,6 +203,8 @@ async def check_upstreams(
                     detail, fix = "sign-in needed", f"run `{login_command(status.name)}`"
                 elif "no token store" in error:
                     fix = _STORE_FIX
+                elif status.transport != "stdio":  # no command to run: its URL, headers or auth keys
+                    fix = "check its url, headers and auth settings (docs/oauth.md)"
                 findings.append(Finding("problem", subject, detail, fix))
 
 
