@@ -174,3 +174,9 @@ def test_client_credentials_without_issuer_is_a_doctor_note_never_a_raw_python_w
     doctor = run_main(capsys, "doctor", "--config", str(config))
     assert "note    upstream cc: no issuer: its client credentials go to whichever authorization" in doctor.stdout
     assert "Fix: check its url, headers and auth settings" in doctor.stdout and "by hand" not in doctor.stdout
+
+
+def test_auth_help_names_both_token_stores(capsys: pytest.CaptureFixture[str]) -> None:
+    done = run_main(capsys, "auth", "--help")
+    text = " ".join(done.stdout.split())
+    assert done.returncode == 0 and "system keyring or in the data dir (0600; AGGREGATOR_TOKEN_STORE chooses)" in text

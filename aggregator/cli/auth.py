@@ -3,7 +3,7 @@
 `login` runs the upstream's OAuth flow (upstream/oauth_providers.py) with a browser step: the authorization
 URL is printed to stderr, opened in the desktop browser when there is one, or handed to the
 command in `AGGREGATOR_BROWSER`; the redirect comes back to a listener on 127.0.0.1. Tokens go
-to the data dir's token store (0600), never to stdout or a log. `status` shows who is signed in,
+to the token store (the keyring, or the data dir's file at 0600), never to stdout or a log. `status` shows who is signed in,
 with expiry and scopes, never a token. Exit codes: 0 done, 1 the sign-in failed, 2 usage.
 """
 
@@ -35,8 +35,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "auth",
         parents=[common],
         help="sign in to remote upstreams that use OAuth",
-        description="Sign in once to remote upstreams behind OAuth; tokens stay in the data dir (0600), never "
-        "in the config or a log. login NAME signs in, status shows expiry and scopes, logout NAME forgets.",
+        description="Sign in once to remote upstreams behind OAuth; tokens stay in the system keyring or in the "
+        "data dir (0600; AGGREGATOR_TOKEN_STORE chooses), never in the config or a log. login NAME signs in, "
+        "status shows expiry, scopes and the store, logout NAME forgets.",
     )
     actions = auth.add_subparsers(dest="auth_action", metavar="ACTION", required=True)
     login = actions.add_parser(
