@@ -3,8 +3,9 @@
 `login` runs the upstream's OAuth flow (upstream/oauth_providers.py) with a browser step: the authorization
 URL is printed to stderr, opened in the desktop browser when there is one, or handed to the
 command in `AGGREGATOR_BROWSER`; the redirect comes back to a listener on 127.0.0.1. Tokens go
-to the token store (the keyring, or the data dir's file at 0600), never to stdout or a log. `status` shows who is signed in,
-with expiry and scopes, never a token. Exit codes: 0 done, 1 the sign-in failed, 2 usage.
+to the token store (the keyring, or the data dir's file at 0600), never to stdout or a log.
+`status` shows who is signed in, with expiry and scopes, never a token. Exit codes: 0 done, 1 the
+sign-in failed, 2 usage.
 """
 
 from __future__ import annotations
