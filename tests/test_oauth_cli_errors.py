@@ -180,3 +180,24 @@ def test_auth_help_names_both_token_stores(capsys: pytest.CaptureFixture[str]) -
     done = run_main(capsys, "auth", "--help")
     text = " ".join(done.stdout.split())
     assert done.returncode == 0 and "system keyring or in the data dir (0600; AGGREGATOR_TOKEN_STORE chooses)" in text
+
+
+def test_auth_takes_the_data_dir_serve_was_given(
+    server: AuthServer,  # noqa: F811
+    setup_remote: dict[str, Any],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    other = tmp_path / "served-with"  # `serve --data-dir` in a client's entry: sign in to the same place
+    monkeypatch.setenv("AGGREGATOR_BROWSER", BROWSER)
+    code, out, err = oauth_run(capsys, setup_remote, "auth", "login", "remote", "--data-dir", str(other))
+    assert code == 0 and "signed in to remote" in out, err
+    assert (other / "oauth-tokens.json").exists() and not (setup_remote["data"] / "oauth-tokens.json").exists()
+    code, out, _ = oauth_run(capsys, setup_remote, "auth", "status", "--json", "--data-dir", str(other))
+    assert code == 0 and json.loads(out)[0]["state"] == "signed in"
+    code, out, _ = oauth_run(capsys, setup_remote, "auth", "status", "--json")  # the default data dir: not there
+    assert json.loads(out)[0]["state"] == "signed out"
+    code, out, _ = oauth_run(capsys, setup_remote, "auth", "logout", "remote", "--data-dir", str(other))
+    assert code == 0 and "signed out of remote" in out
+    assert "remote" not in json.loads((other / "oauth-tokens.json").read_text())

@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from aggregator.cli.exit_codes import EXIT_FAILED, EXIT_USAGE
@@ -56,6 +57,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     logout = actions.add_parser("logout", parents=[common], help="forget one upstream's tokens and registration")
     logout.add_argument("name", help="the upstream's name")
     logout.set_defaults(handler=_logout)
+    for action in (login, status, logout):  # the tokens of a `serve --data-dir DIR` are in DIR
+        action.add_argument("--data-dir", type=Path, help="the data dir whose tokens to use (as serve --data-dir)")
 
 
 def _store(args: argparse.Namespace, settings: Settings) -> TokenStore:
