@@ -23,6 +23,7 @@ from tests.test_cli import run_cli
 from tests.test_oauth import BROWSER, AuthServer, server  # noqa: F401  (fixture)
 from tests.test_oauth import run as oauth_run
 from tests.test_oauth import setup as setup_remote  # noqa: F401  (fixture)
+from tests.test_oauth_keyring import HEADLESS
 from tests.test_pool import toolbox_over
 
 URL = "http://127.0.0.1:9/mcp"
@@ -201,3 +202,45 @@ def test_auth_takes_the_data_dir_serve_was_given(
     code, out, _ = oauth_run(capsys, setup_remote, "auth", "logout", "remote", "--data-dir", str(other))
     assert code == 0 and "signed out of remote" in out
     assert "remote" not in json.loads((other / "oauth-tokens.json").read_text())
+
+
+@pytest.mark.server_args("--token-seconds", "2")
+@pytest.mark.parametrize("token_store", ["file", "keyring"])
+def test_a_logout_while_serving_is_not_undone_by_the_next_refresh(
+    token_store: str,
+    server: AuthServer,  # noqa: F811
+    setup_remote: dict[str, Any],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import anyio
+
+    from aggregator.config.load import load_config
+    from aggregator.faults import Fault, SignInNeeded
+    from aggregator.upstream.pool import UpstreamPool
+
+    monkeypatch.setenv("AGGREGATOR_TOKEN_STORE", token_store)
+    monkeypatch.setenv("PYTHON_KEYRING_BACKEND", HEADLESS)  # a file-based keyring, in this test's HOME
+    monkeypatch.setenv("HOME", str(setup_remote["data"].parent / "home"))
+    monkeypatch.setenv("AGGREGATOR_BROWSER", BROWSER)
+    assert oauth_run(capsys, setup_remote, "auth", "login", "remote")[0] == 0
+    monkeypatch.delenv("AGGREGATOR_BROWSER")
+    config = load_config(Path(setup_remote["config"]), environ={}, cwd=Path(setup_remote["config"]).parent)
+
+    async def body() -> str:
+        async with UpstreamPool.running(config, setup_remote["data"]) as pool:  # a serving aggregator
+            first = await pool.call_tool("remote", "echo", {"text": "one"})
+            logout = await anyio.to_thread.run_sync(oauth_run, capsys, setup_remote, "auth", "logout", "remote")
+            assert logout[0] == 0  # as in another terminal
+            await anyio.sleep(2.2)  # the token expires: the next call refreshes it
+            with pytest.raises(Fault):  # the refresh is refused: this call's connection ends
+                await pool.call_tool("remote", "echo", {"text": "two"})
+            await anyio.sleep(0.3)  # past the backoff of that lost connection
+            with pytest.raises(SignInNeeded) as needed:  # and the next start needs a sign-in
+                await pool.call_tool("remote", "echo", {"text": "three"})
+            assert "sign-in needed" in needed.value.message
+            return str(first["content"][0]["text"])
+
+    assert anyio.run(body) == "one"
+    code, out, _ = oauth_run(capsys, setup_remote, "auth", "status", "--json")
+    assert code == 0 and json.loads(out)[0]["state"] == "signed out"  # the logout stands

@@ -329,6 +329,7 @@ class StoredTokens(TokenStorage):
         self._url = url
         self._client = client
         self._used: OAuthClientInformationFull | None = None  # the registered client this provider uses
+        self._held = False  # it read or wrote tokens: their entry gone later means `auth logout` ran meanwhile
 
     async def get_tokens(self) -> OAuthToken | None:
         entry = self._store.entry(self._name, self._url)
@@ -338,9 +339,18 @@ class StoredTokens(TokenStorage):
             return None
         if tokens is not None and isinstance(expires_at := entry.get("expires_at"), int | float):
             tokens.expires_in = int(expires_at - time.time())
+        self._held = self._held or tokens is not None
         return tokens
 
     async def set_tokens(self, tokens: OAuthToken) -> None:
+        """Keep `tokens`; unless this provider held tokens whose entry is gone since (a refresh after
+        `auth logout`): writing them would undo the logout, so the upstream needs a sign-in instead."""
+        if self._held and not self._store.entry(self._name, self._url).get("tokens"):
+            from aggregator.upstream.oauth_signin import SignInRequired  # it imports this module
+
+            self._held = False
+            raise SignInRequired(self._name, " (signed out meanwhile)")
+        self._held = True
         expires_at = time.time() + int(tokens.expires_in) if tokens.expires_in is not None else None
         issued_to = {"client": self._used.model_dump(mode="json", exclude_none=True)} if self._used else {}
         self._store.update(
