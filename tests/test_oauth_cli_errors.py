@@ -102,6 +102,9 @@ def test_a_chosen_keyring_that_is_not_there_is_one_clear_line_everywhere(
     before = setup["store"].read_bytes()
     code, _, err = run(capsys, setup, "auth", "logout", "remote")
     assert code == 1 and one_line(err) and "cannot reach the token store: AGGREGATOR_TOKEN_STORE=keyring" in err
+    code, out, _ = run(capsys, setup, "auth", "status")
+    footer = "tokens cannot be kept: AGGREGATOR_TOKEN_STORE=keyring, but no usable keyring backend"
+    assert code == 0 and footer in out and "unset AGGREGATOR_TOKEN_STORE" in out and "none:" not in out
 
     code, out, _ = run(capsys, setup, "doctor", "--no-probe")
     line = "PROBLEM OAuth tokens: no token store: AGGREGATOR_TOKEN_STORE=keyring, but no usable keyring backend"

@@ -28,7 +28,7 @@ from aggregator.upstream.oauth_signin import CALLBACK_TIMEOUT_SECONDS, login_com
 from aggregator.upstream.oauth_tokens import TokenStore, TokenStoreError
 from aggregator.upstream.pool import UpstreamPool
 
-__all__ = ["register", "sign_in_state"]
+__all__ = ["STORE_FIX", "register", "sign_in_state"]
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -59,6 +59,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     logout.set_defaults(handler=_logout)
     for action in (login, status, logout):  # the tokens of a `serve --data-dir DIR` are in DIR
         action.add_argument("--data-dir", type=Path, help="the data dir whose tokens to use (as serve --data-dir)")
+
+
+STORE_FIX = "unset AGGREGATOR_TOKEN_STORE (or set it to file), or install a keyring backend"
 
 
 def _store(args: argparse.Namespace, settings: Settings) -> TokenStore:
@@ -127,7 +130,10 @@ async def _status(args: argparse.Namespace, config: AggregatorConfig, settings: 
         return 0
     table = [[r["name"], r["auth"], r["state"], _expiry_text(r["expires_in"]), r["scopes"] or "-"] for r in rows]
     print(render_table(["NAME", "AUTH", "STATE", "EXPIRES", "SCOPES"], table))
-    print(f"tokens are kept in: {rows[0]['store']}")
+    if (unusable := store.unusable()) is not None:  # not "kept in: none: ..."
+        print(f"tokens cannot be kept: {unusable}; {STORE_FIX}")
+    else:
+        print(f"tokens are kept in: {rows[0]['store']}")
     return 0
 
 

@@ -160,6 +160,7 @@ def _strings(value: Any) -> Iterator[str]:
 async def check_upstreams(
     config: AggregatorConfig, findings: list[Finding], *, probe: bool, data_dir: Path | None = None
 ) -> None:
+    from aggregator.cli.auth import STORE_FIX
     from aggregator.upstream.oauth_providers import Authenticator, uses_oauth
     from aggregator.upstream.oauth_tokens import TokenStore
     from aggregator.upstream.pool import UpstreamPool
@@ -167,7 +168,7 @@ async def check_upstreams(
     store = TokenStore.in_data_dir(data_dir) if data_dir is not None else TokenStore(None)
     if any(uses_oauth(upstream) for upstream in config.upstreams.values()):
         if (unusable := store.unusable()) is not None:  # no remote upstream can sign in
-            findings.append(Finding("problem", "OAuth tokens", f"no token store: {unusable}", _STORE_FIX))
+            findings.append(Finding("problem", "OAuth tokens", f"no token store: {unusable}", STORE_FIX))
         else:
             findings.append(Finding("note", "OAuth tokens", f"kept in {store.where()}"))
     reachable: dict[str, UpstreamConfig] = {}
@@ -202,13 +203,10 @@ async def check_upstreams(
                 if "sign-in needed" in error:
                     detail, fix = "sign-in needed", f"run `{login_command(status.name)}`"
                 elif "no token store" in error:
-                    fix = _STORE_FIX
+                    fix = STORE_FIX
                 elif status.transport != "stdio":  # no command to run: its URL, headers or auth keys
                     fix = "check its url, headers and auth settings (docs/oauth.md)"
                 findings.append(Finding("problem", subject, detail, fix))
-
-
-_STORE_FIX = "unset AGGREGATOR_TOKEN_STORE (or set it to file), or install a keyring backend"
 
 
 def _unprobed(upstream: UpstreamConfig, store: Any) -> Finding:
