@@ -1,9 +1,10 @@
 """The OAuth token store: tokens and registered clients of every remote upstream, kept per user.
 
 Two places can hold them: the system keyring (the optional `keyring` package, where a usable
-backend exists) or one JSON file in the data dir, readable by the user alone (0600 in a 0700
-directory). `AGGREGATOR_TOKEN_STORE` chooses: `file`, `keyring`, or `auto` (the default: the keyring
-when a system keyring is there, else the file). Whatever is found in the other place is moved into
+backend exists) or one JSON file in the data dir, readable by the user alone (0600; the data dir
+is 0700 only if the store created it: snapshots usually did first). `AGGREGATOR_TOKEN_STORE`
+chooses: `file`, `keyring`, or `auto` (the default: the keyring when a system keyring is there,
+else the file). Whatever is found in the other place is moved into
 the chosen one on first use, so switching loses nothing; `remove` clears both.
 
 Entries are keyed by upstream name and bound to its URL (a changed URL is a different resource:
