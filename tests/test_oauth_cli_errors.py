@@ -247,3 +247,21 @@ def test_a_logout_while_serving_is_not_undone_by_the_next_refresh(
     assert anyio.run(body) == "one"
     code, out, _ = oauth_run(capsys, setup_remote, "auth", "status", "--json")
     assert code == 0 and json.loads(out)[0]["state"] == "signed out"  # the logout stands
+
+
+def test_a_disabled_upstream_is_named_as_disabled_not_unknown(
+    setup: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    servers = {
+        "gh": {"url": "${QA_NEVER_SET_URL}", "auth": "oauth"},  # unusable on this machine: disabled
+        "idle": {"url": URL, "disabled": True},
+    }
+    config = tmp_path / "client.json"
+    config.write_text(json.dumps({"mcpServers": servers}))
+    for name, why in (("gh", "the warning above says why"), ("idle", "disabled: true")):
+        done = run_main(capsys, "auth", "login", "--config", str(config), name)
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert last == f"aggregator: upstream {name!r} is disabled here ({why}); enable it, then sign in"
+        done = run_main(capsys, "auth", "logout", "--config", str(config), name)
+        assert done.returncode == 0 and done.stdout == f"{name} was not signed in\n"

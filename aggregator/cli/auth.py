@@ -71,6 +71,9 @@ def _store(args: argparse.Namespace, settings: Settings) -> TokenStore:
 def _remote(config: AggregatorConfig, name: str) -> UpstreamConfig | str:
     """The upstream that signs in, or why `name` is not one."""
     upstream = config.upstreams.get(name)
+    if upstream is None and (name in config.broken or name in config.disabled):
+        why = "the warning above says why" if name in config.broken else "disabled: true"
+        return f"upstream {name!r} is disabled here ({why}); enable it, then sign in"
     if upstream is None:
         signing = [n for n, u in config.upstreams.items() if uses_oauth(u)]
         known = ", ".join(signing) or "none"
@@ -146,7 +149,7 @@ async def _logout(args: argparse.Namespace, config: AggregatorConfig, settings: 
         return EXIT_FAILED
     if removed:
         print(f"signed out of {args.name}: its tokens and client registration are forgotten")
-    elif args.name not in config.upstreams:  # a typo: say so, not "was not signed in"
+    elif not {args.name} & {*config.upstreams, *config.broken, *config.disabled}:  # a typo: say so
         print(f"aggregator: {_remote(config, args.name)}", file=sys.stderr)
         return EXIT_USAGE
     else:
