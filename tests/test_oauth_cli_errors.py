@@ -265,3 +265,22 @@ def test_a_disabled_upstream_is_named_as_disabled_not_unknown(
         assert last == f"aggregator: upstream {name!r} is disabled here ({why}); enable it, then sign in"
         done = run_main(capsys, "auth", "logout", "--config", str(config), name)
         assert done.returncode == 0 and done.stdout == f"{name} was not signed in\n"
+
+
+@pytest.mark.parametrize("command", [["refresh", "remote"], ["search", "echo", "--load"]])
+def test_refresh_and_search_load_sign_in_like_call_when_a_browser_is_set(
+    command: list[str],
+    server: AuthServer,  # noqa: F811
+    setup_remote: dict[str, Any],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    code, out, err = oauth_run(capsys, setup_remote, *command)  # no browser: sign-in needed, at once
+    assert "sign-in needed: run `aggregator auth login remote`" in out + err
+    monkeypatch.setenv("AGGREGATOR_BROWSER", BROWSER)
+    code, out, err = oauth_run(capsys, setup_remote, *command)
+    assert code == 0 and "sign-in needed" not in out + err, out + err
+    assert (setup_remote["data"] / "catalogs").is_dir() and server.stats()["authorization_code"] == 1
+    monkeypatch.delenv("AGGREGATOR_BROWSER")
+    code, out, _ = oauth_run(capsys, setup_remote, "auth", "status", "--json")
+    assert json.loads(out)[0]["state"] == "signed in"

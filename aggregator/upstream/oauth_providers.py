@@ -138,7 +138,7 @@ class Authenticator:
 
 
 def cli_authenticator(data_dir: Path, settings: Settings) -> Authenticator:
-    """One-shot commands (call, tools, list-upstreams) sign in on their own only when
+    """One-shot commands (call, tools, describe, list-upstreams, search, refresh) sign in on their own only when
     `AGGREGATOR_BROWSER` says how; otherwise a needed sign-in fails at once, naming the command."""
     return Authenticator(TokenStore.in_data_dir(data_dir), interactive=bool(settings.browser), browser=settings.browser)
 
