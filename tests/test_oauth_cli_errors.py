@@ -186,27 +186,6 @@ def test_auth_help_names_both_token_stores(capsys: pytest.CaptureFixture[str]) -
     assert done.returncode == 0 and "system keyring or in the data dir (0600; AGGREGATOR_TOKEN_STORE chooses)" in text
 
 
-def test_auth_takes_the_data_dir_serve_was_given(
-    server: AuthServer,  # noqa: F811
-    setup_remote: dict[str, Any],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    other = tmp_path / "served-with"  # `serve --data-dir` in a client's entry: sign in to the same place
-    monkeypatch.setenv("AGGREGATOR_BROWSER", BROWSER)
-    code, out, err = oauth_run(capsys, setup_remote, "auth", "login", "remote", "--data-dir", str(other))
-    assert code == 0 and "signed in to remote" in out, err
-    assert (other / "oauth-tokens.json").exists() and not (setup_remote["data"] / "oauth-tokens.json").exists()
-    code, out, _ = oauth_run(capsys, setup_remote, "auth", "status", "--json", "--data-dir", str(other))
-    assert code == 0 and json.loads(out)[0]["state"] == "signed in"
-    code, out, _ = oauth_run(capsys, setup_remote, "auth", "status", "--json")  # the default data dir: not there
-    assert json.loads(out)[0]["state"] == "signed out"
-    code, out, _ = oauth_run(capsys, setup_remote, "auth", "logout", "remote", "--data-dir", str(other))
-    assert code == 0 and "signed out of remote" in out
-    assert "remote" not in json.loads((other / "oauth-tokens.json").read_text())
-
-
 @pytest.mark.server_args("--token-seconds", "2")
 @pytest.mark.parametrize("token_store", ["file", "keyring"])
 def test_a_logout_while_serving_is_not_undone_by_the_next_refresh(
@@ -284,3 +263,35 @@ def test_refresh_and_search_load_sign_in_like_call_when_a_browser_is_set(
     monkeypatch.delenv("AGGREGATOR_BROWSER")
     code, out, _ = oauth_run(capsys, setup_remote, "auth", "status", "--json")
     assert json.loads(out)[0]["state"] == "signed in"
+
+
+def test_every_command_takes_the_data_dir_serve_was_given(
+    server: AuthServer,  # noqa: F811
+    setup_remote: dict[str, Any],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    other = tmp_path / "served-with"  # `serve --data-dir` in a client's entry: sign in and work there
+    monkeypatch.setenv("AGGREGATOR_BROWSER", BROWSER)
+    code, out, err = oauth_run(capsys, setup_remote, "auth", "login", "remote", "--data-dir", str(other))
+    assert code == 0 and "signed in to remote" in out, err
+    assert (other / "oauth-tokens.json").exists() and not (setup_remote["data"] / "oauth-tokens.json").exists()
+    monkeypatch.delenv("AGGREGATOR_BROWSER")  # from here on, only the tokens in `other` can serve
+    code, out, _ = oauth_run(capsys, setup_remote, "auth", "status", "--json", "--data-dir", str(other))
+    assert code == 0 and json.loads(out)[0]["state"] == "signed in"
+    code, out, _ = oauth_run(capsys, setup_remote, "auth", "status", "--json")  # the default data dir: not there
+    assert json.loads(out)[0]["state"] == "signed out"
+    code, out, err = oauth_run(capsys, setup_remote, "call", "remote", "echo", "text=there", "--data-dir", str(other))
+    assert (code, out) == (0, "there\n"), err
+    code, out, err = oauth_run(capsys, setup_remote, "tools", "remote", "--data-dir", str(other))
+    assert code == 0 and "echo" in out, err
+    code, out, err = oauth_run(capsys, setup_remote, "describe", "remote", "echo", "--data-dir", str(other))
+    assert code == 0 and "call: aggregator call remote echo" in out, err
+    code, out, _ = oauth_run(capsys, setup_remote, "doctor", "--no-probe", "--data-dir", str(other))
+    assert f"data dir: {other} is writable" in out and "upstream remote: found (not probed); signed in" in out
+    code, out, err = oauth_run(capsys, setup_remote, "call", "remote", "echo", "text=here")  # the default dir
+    assert code == 1 and "sign-in needed" in out + err
+    code, out, _ = oauth_run(capsys, setup_remote, "auth", "logout", "remote", "--data-dir", str(other))
+    assert code == 0 and "signed out of remote" in out
+    assert "remote" not in json.loads((other / "oauth-tokens.json").read_text())

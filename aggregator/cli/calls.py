@@ -13,6 +13,7 @@ import json
 import math
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import mcp.types as types
@@ -68,6 +69,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     call.add_argument("pairs", nargs="*", metavar="key=value", help="one argument each")
     call.add_argument("--args", dest="arguments_json", metavar="JSON", help="the arguments as a JSON object")
     call.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    for command in (tools, describe, call):  # as serve --data-dir: its snapshots and sign-in tokens
+        command.add_argument("--data-dir", type=Path, help="the data dir to use (snapshots, tokens)")
     call.set_defaults(handler=_call)
 
 
@@ -83,7 +86,7 @@ def _family(pool: UpstreamPool, config: AggregatorConfig) -> CatalogTools:
 
 
 async def _tools(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    data_dir = resolve_data_dir(None, settings)
+    data_dir = resolve_data_dir(getattr(args, "data_dir", None), settings)
     async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         family = _family(pool, config)
         if args.server is None:
@@ -127,7 +130,7 @@ def _tools_table(payload: Mapping[str, Any]) -> str:
 
 
 async def _describe(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    data_dir = resolve_data_dir(None, settings)
+    data_dir = resolve_data_dir(getattr(args, "data_dir", None), settings)
     async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         family = _family(pool, config)
         result = await _ask(family.describe_tool, {"server": args.server, "tool": args.tool})
@@ -152,7 +155,7 @@ def _description_text(payload: Mapping[str, Any]) -> str:
 
 
 async def _call(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    data_dir = resolve_data_dir(None, settings)
+    data_dir = resolve_data_dir(getattr(args, "data_dir", None), settings)
     async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         family = _family(pool, config)
         hints = _Hints(pool, args.server, args.tool)

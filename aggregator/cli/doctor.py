@@ -61,13 +61,14 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     doctor.add_argument("--no-probe", action="store_true", help="do not start upstreams")
     doctor.add_argument("--json", action="store_true", help="print the findings as JSON")
+    doctor.add_argument("--data-dir", type=Path, help="the data dir to check (as serve --data-dir)")
     doctor.set_defaults(standalone=_doctor)
 
 
 async def _doctor(args: argparse.Namespace, settings: Settings) -> int:
     findings: list[Finding] = []
     config = check_config(getattr(args, "config", None), os.environ, Path.cwd(), findings)
-    data_dir = resolve_data_dir(None, settings)
+    data_dir = resolve_data_dir(getattr(args, "data_dir", None), settings)
     if config is not None:
         await check_upstreams(config, findings, probe=not args.no_probe, data_dir=data_dir)
     findings.append(check_data_dir(data_dir))
