@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from aggregator.cli.calls import parse_call_arguments
-from tests.conftest import aggregator_client, example, kit_upstream, structured, write_config
+from tests.conftest import aggregator_client, example, kit_upstream, run_main, structured, write_config
 from tests.test_cli import run_cli
 
 
@@ -104,3 +104,22 @@ def test_parse_call_arguments() -> None:
         "w": "a b",
     }
     assert parse_call_arguments(None, ["e="], {}) == {"e": ""}
+
+
+def test_a_mistyped_parameter_is_named_with_a_guess_and_refused_where_the_schema_forbids_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    strict = {"name": "strict", "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}}}}
+    strict["inputSchema"]["additionalProperties"] = False
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps([strict]))
+    config = write_config(tmp_path, {"kit": kit_upstream("--extra-tools", str(extra))})
+    typo = run_main(capsys, "call", "kit", "echo", "mesage=hi", "message=hello", "--config", str(config))
+    assert typo.returncode == 0 and typo.stdout == "hello\n"  # sent as given: the tool may take it
+    note = "aggregator call: note: echo has no parameter 'mesage' (did you mean 'message'?); its parameters: message"
+    assert typo.stderr == f"{note}; sent as given\n"
+    fine = run_main(capsys, "call", "kit", "echo", "message=hello", "--config", str(config))
+    assert (fine.returncode, fine.stderr) == (0, "")
+    refused = run_main(capsys, "call", "kit", "strict", "pth=/tmp", "x=1", "--config", str(config))
+    assert refused.returncode == 2 and refused.stdout == "" and refused.stderr.count("\n") == 1
+    assert "strict has no parameters 'pth', 'x' (did you mean 'path'?); its parameters: path" in refused.stderr

@@ -53,8 +53,10 @@ def test_init_imports_what_the_clients_have(home: Path, capsys: pytest.CaptureFi
 
 def test_add_and_remove_keep_comments_and_order(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     kit = ["--", sys.executable, str(EXAMPLES / "testkit.py")]
-    assert run_main(capsys, "add", "kit", "--description", "test server", *kit).returncode == 0
-    assert run_main(capsys, "add", "docs", "https://example.com/mcp").returncode == 0
+    added = run_main(capsys, "add", "kit", "--description", "test server", *kit)
+    assert added.returncode == 0 and added.stdout.endswith("try: aggregator tools kit\n")
+    added = run_main(capsys, "add", "docs", "https://example.com/mcp")  # remote: it may want a sign-in first
+    assert added.returncode == 0 and "if it asks for a sign-in: aggregator auth login docs" in added.stdout
     path = user_config_file()
     path.write_text(path.read_text().replace("\n  docs:", "\n  # my remote docs\n  docs:"))
     done = run_main(capsys, "add", "git", "--env", "A=1", "--", "uvx", "mcp-server-git", "--repository", ".")

@@ -75,6 +75,18 @@ def test_an_upstream_that_cannot_start_is_one_line_exit_1(
     one_line(done, 1, "could not start", "no-such-server", "aggregator doctor")
 
 
+@pytest.mark.parametrize("transport", ["http", "sse"])
+def test_a_remote_upstream_nothing_answers_at_is_named_by_host_and_port_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], transport: str
+) -> None:
+    port = free_port()  # nothing listens there
+    url = f"http://127.0.0.1:{port}/mcp?key=not-for-the-screen"
+    config = write_config(tmp_path, {"far": {"url": url, "transport": transport, "auth": "none"}})
+    done = run_main(capsys, "call", "far", "x", "--config", str(config))
+    one_line(done, 1, f"upstream 'far' could not start: 127.0.0.1:{port} is not reachable (")
+    assert "ConnectError" not in done.stderr and "not-for-the-screen" not in done.stderr
+
+
 @pytest.mark.parametrize(
     ("argv", "parts"),
     [
@@ -94,6 +106,24 @@ def test_a_mistyped_command_or_client_says_what_was_meant(
     monkeypatch.chdir(tmp_path)
     config = write_config(tmp_path, {"kit": kit_upstream()})
     one_line(run_main(capsys, *argv, "--config", str(config)), 2, *parts)
+
+
+@pytest.mark.parametrize(
+    ("argv", "help_of"),
+    [
+        (["auth", "status", "kit"], "aggregator auth status"),
+        (["auth", "login", "kit", "extra"], "aggregator auth login"),
+        (["service", "status", "x"], "aggregator service status"),
+        (["tools", "kit", "extra"], "aggregator tools"),
+        (["call", "kit", "echo", "--bogus"], "aggregator call"),
+    ],
+)
+def test_a_word_too_many_names_the_help_of_the_command_it_was_given_to(
+    config: Path, capsys: pytest.CaptureFixture[str], argv: list[str], help_of: str
+) -> None:
+    done = run_main(capsys, *argv, "--config", str(config))
+    word = argv[-1]
+    one_line(done, 2, f"{help_of}: error: unrecognized arguments: {word} (see {help_of} --help)")
 
 
 def test_a_user_sees_one_line_and_a_bare_aggregator_prints_help(config: Path) -> None:

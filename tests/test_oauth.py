@@ -153,7 +153,7 @@ def test_a_server_announcing_another_resource_is_refused(
 ) -> None:
     monkeypatch.setenv("AGGREGATOR_BROWSER", BROWSER)
     code, _, err = run(capsys, setup, "auth", "login", "remote")
-    assert code == 1 and "sign-in failed" in err and "does not match" in err
+    assert code == 1 and "sign-in to 'remote' failed: Protected resource" in err and "does not match" in err
     assert server.stats() == {"authorization_code": 0, "refresh_token": 0}
 
 
@@ -270,7 +270,7 @@ def test_a_forged_callback_state_is_refused(
 ) -> None:
     monkeypatch.setenv("AGGREGATOR_BROWSER", f"{BROWSER} --tamper-state")
     code, _, err = run(capsys, setup, "auth", "login", "remote")
-    assert code == 1 and "sign-in failed: State parameter mismatch" in err
+    assert code == 1 and "sign-in to 'remote' failed: State parameter mismatch" in err
     assert server.stats()["authorization_code"] == 0
 
 

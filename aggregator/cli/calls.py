@@ -13,6 +13,7 @@ import json
 import math
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import mcp.types as types
@@ -68,6 +69,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     call.add_argument("pairs", nargs="*", metavar="key=value", help="one argument each")
     call.add_argument("--args", dest="arguments_json", metavar="JSON", help="the arguments as a JSON object")
     call.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    for command in (tools, describe, call):  # as serve --data-dir: its snapshots and sign-in tokens
+        command.add_argument("--data-dir", type=Path, help="the data dir to use (snapshots, tokens)")
     call.set_defaults(handler=_call)
 
 
@@ -83,7 +86,7 @@ def _family(pool: UpstreamPool, config: AggregatorConfig) -> CatalogTools:
 
 
 async def _tools(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    data_dir = resolve_data_dir(None, settings)
+    data_dir = resolve_data_dir(getattr(args, "data_dir", None), settings)
     async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         family = _family(pool, config)
         if args.server is None:
@@ -127,7 +130,7 @@ def _tools_table(payload: Mapping[str, Any]) -> str:
 
 
 async def _describe(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    data_dir = resolve_data_dir(None, settings)
+    data_dir = resolve_data_dir(getattr(args, "data_dir", None), settings)
     async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         family = _family(pool, config)
         result = await _ask(family.describe_tool, {"server": args.server, "tool": args.tool})
@@ -152,7 +155,7 @@ def _description_text(payload: Mapping[str, Any]) -> str:
 
 
 async def _call(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    data_dir = resolve_data_dir(None, settings)
+    data_dir = resolve_data_dir(getattr(args, "data_dir", None), settings)
     async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         family = _family(pool, config)
         hints = _Hints(pool, args.server, args.tool)
@@ -164,9 +167,12 @@ async def _call(args: argparse.Namespace, config: AggregatorConfig, settings: Se
             schema = _structured(described)["input_schema"]
         try:
             arguments = parse_call_arguments(args.arguments_json, args.pairs, schema)
+            unknown = _unknown_parameters(args.tool, args.pairs, schema)
         except ValueError as exc:
             print(f"aggregator call: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        if unknown:  # a typo the tool may ignore in silence ("timezon=Europe/Paris" answers for UTC)
+            print(f"aggregator call: note: {unknown}; sent as given", file=sys.stderr)
         request = {"server": args.server, "tool": args.tool, "arguments": arguments}
         with upstream_progress(f"{args.server} {args.tool}") as report:  # a bar on a terminal only
             ctx = ToolContext(report_progress=report) if report is not None else ToolContext()
@@ -202,6 +208,23 @@ def parse_call_arguments(arguments_json: str | None, pairs: list[str], schema: M
             raise ValueError(f"{pair!r} is not key=value")
         arguments[key] = _argument_value(value, properties.get(key) if isinstance(properties, dict) else None, key)
     return arguments
+
+
+def _unknown_parameters(tool: str, pairs: list[str], schema: Mapping[str, Any]) -> str:
+    """Which `key=value` keys the tool's schema does not name ('' if all are known, or it names none);
+    raises ValueError when the schema forbids other keys (`additionalProperties: false`)."""
+    properties = schema.get("properties")
+    if not isinstance(properties, dict) or not properties:
+        return ""
+    unknown = sorted({key for key, _, _ in (pair.partition("=") for pair in pairs) if key not in properties})
+    if not unknown:
+        return ""
+    guesses = "".join(did_you_mean(key, properties) for key in unknown[:1])
+    named = ("parameter " if len(unknown) == 1 else "parameters ") + ", ".join(repr(key) for key in unknown)
+    text = f"{tool} has no {named}{guesses}; its parameters: {', '.join(sorted(properties))}"
+    if schema.get("additionalProperties") is False:
+        raise ValueError(text)
+    return text
 
 
 def strict_json(text: str, what: str) -> Any:

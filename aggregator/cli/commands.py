@@ -136,6 +136,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command parser `args` came through (`aggregator auth status`), so an error names its help."""
+    while True:
+        chosen = [
+            action.choices[getattr(args, action.dest)]
+            for action in parser._actions
+            if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest, None) in action.choices
+        ]
+        if not chosen:
+            return parser
+        parser = chosen[0]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     if words == ["--version"]:  # answered before anything imports the commands (and the SDK)
@@ -152,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra and not (hasattr(args, "pairs") and all("=" in word and not word.startswith("-") for word in extra)):
         if args.command == "add":
             parser.error(f"unrecognized arguments: {' '.join(extra)}; put -- before the server's command")
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:  # `call S T --args '{...}' k=v`: argparse does not take positionals after an option
         args.pairs += extra
     if args.command == "serve":  # stdout carries protocol messages only

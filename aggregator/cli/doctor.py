@@ -61,13 +61,14 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     doctor.add_argument("--no-probe", action="store_true", help="do not start upstreams")
     doctor.add_argument("--json", action="store_true", help="print the findings as JSON")
+    doctor.add_argument("--data-dir", type=Path, help="the data dir to check (as serve --data-dir)")
     doctor.set_defaults(standalone=_doctor)
 
 
 async def _doctor(args: argparse.Namespace, settings: Settings) -> int:
     findings: list[Finding] = []
     config = check_config(getattr(args, "config", None), os.environ, Path.cwd(), findings)
-    data_dir = resolve_data_dir(None, settings)
+    data_dir = resolve_data_dir(getattr(args, "data_dir", None), settings)
     if config is not None:
         await check_upstreams(config, findings, probe=not args.no_probe, data_dir=data_dir)
     findings.append(check_data_dir(data_dir))
@@ -160,15 +161,23 @@ def _strings(value: Any) -> Iterator[str]:
 async def check_upstreams(
     config: AggregatorConfig, findings: list[Finding], *, probe: bool, data_dir: Path | None = None
 ) -> None:
+    from aggregator.cli.auth import STORE_FIX
     from aggregator.upstream.oauth_providers import Authenticator, uses_oauth
     from aggregator.upstream.oauth_tokens import TokenStore
     from aggregator.upstream.pool import UpstreamPool
 
     store = TokenStore.in_data_dir(data_dir) if data_dir is not None else TokenStore(None)
     if any(uses_oauth(upstream) for upstream in config.upstreams.values()):
-        findings.append(Finding("note", "OAuth tokens", f"kept in {store.where()}"))
+        if (unusable := store.unusable()) is not None:  # no remote upstream can sign in
+            findings.append(Finding("problem", "OAuth tokens", f"no token store: {unusable}", STORE_FIX))
+        else:
+            findings.append(Finding("note", "OAuth tokens", f"kept in {store.where()}"))
     reachable: dict[str, UpstreamConfig] = {}
     for name, upstream in config.upstreams.items():
+        if upstream.auth == "client_credentials" and upstream.issuer is None:
+            why = "no issuer: its client credentials go to whichever authorization server the MCP server names"
+            fix = "set `issuer` to the URL of your authorization server"
+            findings.append(Finding("note", f"upstream {name}", why, fix))
         problem = _command_problem(upstream) if upstream.transport == "stdio" else await _url_problem(upstream)
         if problem is not None:
             findings.append(problem)
@@ -194,6 +203,10 @@ async def check_upstreams(
                 fix = "run its command by hand to see why it fails"
                 if "sign-in needed" in error:
                     detail, fix = "sign-in needed", f"run `{login_command(status.name)}`"
+                elif "no token store" in error:
+                    fix = STORE_FIX
+                elif status.transport != "stdio":  # no command to run: its URL, headers or auth keys
+                    fix = "check its url, headers and auth settings (docs/oauth.md)"
                 findings.append(Finding("problem", subject, detail, fix))
 
 

@@ -145,7 +145,8 @@ async def _add(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_USAGE
     what = entry.get("url") or " ".join([entry["command"], *entry.get("args", [])])
     print(f"{'replaced' if taken else 'added'} {args.name} ({what}) in {target}")
-    print(f"try: aggregator tools {args.name}")
+    sign_in = f"; if it asks for a sign-in: aggregator auth login {args.name}" if entry.get("url") else ""
+    print(f"try: aggregator tools {args.name}{sign_in}")
     return 0
 
 

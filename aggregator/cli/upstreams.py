@@ -124,9 +124,11 @@ _UNITS: dict[str, Callable[[float], str]] = {"handshake": lambda s: f"{s:.2f} s"
 async def search(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
     from aggregator.catalog.search import ToolSearchIndex
     from aggregator.tools.catalog_search import format_explanation, format_results_table, search_tools
+    from aggregator.upstream.oauth_providers import cli_authenticator
     from aggregator.upstream.pool import UpstreamPool
 
-    async with UpstreamPool.running(config, _data_dir(args, settings)) as pool:
+    data_dir = _data_dir(args, settings)  # --load signs in as call does: with AGGREGATOR_BROWSER set
+    async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         index = ToolSearchIndex()
         for name in pool.upstream_names():
             index.set_server_metadata(name, *pool.metadata(name))
@@ -156,6 +158,7 @@ async def search(args: argparse.Namespace, config: AggregatorConfig, settings: S
 
 async def refresh(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
     """Start the named upstreams (default: all) concurrently, rewrite their snapshots, stop them."""
+    from aggregator.upstream.oauth_providers import cli_authenticator
     from aggregator.upstream.pool import UpstreamPool
 
     names = _resolve_names(config, args.names)
@@ -163,7 +166,7 @@ async def refresh(args: argparse.Namespace, config: AggregatorConfig, settings: 
         print(f"aggregator: {names}", file=sys.stderr)
         return EXIT_USAGE
     data_dir = _data_dir(args, settings)
-    async with UpstreamPool.running(config, data_dir) as pool:
+    async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         started = time.monotonic()
         with progress_line("refreshing upstreams", len(names)) as advance:
             outcome = await pool.start_all(names, on_done=advance)

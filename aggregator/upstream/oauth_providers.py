@@ -12,6 +12,7 @@ is ours:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ import httpx2
 from mcp.client.auth import OAuthTokenError
 from mcp.client.auth.utils import union_scopes
 from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata
+from mcp.shared.exceptions import MCPDeprecationWarning
 from pydantic import AnyUrl
 
 from aggregator.config import UpstreamConfig
@@ -83,7 +85,9 @@ class Authenticator:
         if config.auth == "identity_assertion":
             return _identity_assertion(config, storage, scope)
         if config.auth == "client_credentials":
-            provider = _client_credentials(config, storage, scope)
+            with warnings.catch_warnings():  # the SDK's warning when `issuer` is unset is a raw Python warning
+                warnings.simplefilter("ignore", MCPDeprecationWarning)  # on stderr: `doctor` says it instead
+                provider = _client_credentials(config, storage, scope)
         else:
             interactive = self.interactive or offer is not None
             step = BrowserStep(
@@ -134,7 +138,7 @@ class Authenticator:
 
 
 def cli_authenticator(data_dir: Path, settings: Settings) -> Authenticator:
-    """One-shot commands (call, tools, list-upstreams) sign in on their own only when
+    """One-shot commands (call, tools, describe, list-upstreams, search, refresh) sign in on their own only when
     `AGGREGATOR_BROWSER` says how; otherwise a needed sign-in fails at once, naming the command."""
     return Authenticator(TokenStore.in_data_dir(data_dir), interactive=bool(settings.browser), browser=settings.browser)
 

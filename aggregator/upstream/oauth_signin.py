@@ -26,6 +26,8 @@ import anyio.to_thread
 from mcp.client.auth import OAuthFlowError, OAuthRegistrationError, OAuthTokenError
 from mcp.shared.auth import AuthorizationCodeResult
 
+from aggregator.upstream.oauth_tokens import TokenStoreError
+
 __all__ = [
     "CALLBACK_TIMEOUT_SECONDS",
     "BrowserStep",
@@ -71,6 +73,8 @@ def describe_auth_error(exc: BaseException) -> str | None:
         return str(exc)
     if isinstance(exc, OAuthFlowError | OAuthTokenError | OAuthRegistrationError):
         return f"sign-in failed: {exc}"
+    if isinstance(exc, TokenStoreError):
+        return f"no token store: {exc}"
     return None
 
 
@@ -115,6 +119,7 @@ class BrowserStep:
         self.refused = refused
         self._listener: anyio.abc.SocketListener | None = None
         self._browser: anyio.abc.Process | None = None  # the AGGREGATOR_BROWSER command, while it runs
+        self._state: str | None = None  # the `state` of the authorization URL: a refusal must carry it
 
     @property
     def redirect_uri(self) -> str:
@@ -124,6 +129,7 @@ class BrowserStep:
         if not self.interactive:
             self.refused(url)
             raise SignInRequired(self.name)
+        self._state = parse_qs(urlsplit(url).query).get("state", [None])[0]
         try:
             listeners = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=self.port)
         except OSError as exc:
@@ -153,7 +159,7 @@ class BrowserStep:
                 while True:
                     stream = await listener.accept()
                     async with stream:
-                        result = await _answer_callback(stream)
+                        result = await _answer_callback(stream, self._state)
                     if result is not None:
                         return result
         except TimeoutError:
@@ -167,8 +173,12 @@ class BrowserStep:
                 await _reap(self._browser)
 
 
-async def _answer_callback(stream: anyio.abc.SocketStream) -> AuthorizationCodeResult | None:
-    """Read one HTTP request; the redirect's parameters if it is the callback (else None, 404)."""
+async def _answer_callback(stream: anyio.abc.SocketStream, state: str | None) -> AuthorizationCodeResult | None:
+    """Read one HTTP request; the redirect's parameters if it is the callback (else None, 404).
+
+    A refusal (`error=access_denied`: the user said no) ends the sign-in with an `OAuthFlowError`, a
+    one-line reason; only with this sign-in's `state`, so a forged refusal cannot cancel it.
+    """
     head = b""
     with anyio.move_on_after(10):
         while b"\r\n\r\n" not in head and len(head) < 16384:
@@ -183,10 +193,13 @@ async def _answer_callback(stream: anyio.abc.SocketStream) -> AuthorizationCodeR
         await _respond(stream, "404 Not Found", "Not the sign-in callback.")
         return None
     query = {key: values[0] for key, values in parse_qs(target.query).items()}
+    if "error" in query and state is not None and query.get("state") != state:
+        await _respond(stream, "400 Bad Request", "Not the callback of this sign-in.")
+        return None
     if "error" in query:
         await _respond(stream, "400 Bad Request", "Sign-in refused. You can close this tab.")
-        description = query.get("error_description", "")
-        raise PermissionError(f"the authorization server refused the sign-in: {query['error']} {description}".strip())
+        reason = f"{query['error']} {query.get('error_description', '')}".strip()[:200]
+        raise OAuthFlowError(f"the authorization server refused the sign-in: {reason}")
     if "code" not in query:
         await _respond(stream, "400 Bad Request", "No authorization code in this request.")
         return None

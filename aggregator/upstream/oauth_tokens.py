@@ -1,9 +1,10 @@
 """The OAuth token store: tokens and registered clients of every remote upstream, kept per user.
 
 Two places can hold them: the system keyring (the optional `keyring` package, where a usable
-backend exists) or one JSON file in the data dir, readable by the user alone (0600 in a 0700
-directory). `AGGREGATOR_TOKEN_STORE` chooses: `file`, `keyring`, or `auto` (the default: the keyring
-when a system keyring is there, else the file). Whatever is found in the other place is moved into
+backend exists) or one JSON file in the data dir, readable by the user alone (0600; the data dir
+is 0700 only if the store created it: snapshots usually did first). `AGGREGATOR_TOKEN_STORE`
+chooses: `file`, `keyring`, or `auto` (the default: the keyring when a system keyring is there,
+else the file). Whatever is found in the other place is moved into
 the chosen one on first use, so switching loses nothing; `remove` clears both.
 
 Entries are keyed by upstream name and bound to its URL (a changed URL is a different resource:
@@ -178,12 +179,20 @@ class TokenStore:
         """Which store holds the tokens (for `auth status` and `doctor`), never what is in it."""
         if self.path is None:
             return "memory (no data dir)"
-        try:
-            place = self._settled()
-        except TokenStoreError as exc:
-            return f"none: {exc}"
+        if (why := self.unusable()) is not None:
+            return f"none: {why}"
         note = f"; keyring not used: {self._why_not_keyring}" if self._why_not_keyring and self.choice == "auto" else ""
-        return place.describe() + note
+        return self._settled().describe() + note
+
+    def unusable(self) -> str | None:
+        """Why the chosen store cannot keep any token (a bad choice, `keyring` without one), else None."""
+        if self.path is None:
+            return None
+        try:
+            self._settled()
+        except TokenStoreError as exc:
+            return str(exc)
+        return None
 
     def read(self) -> dict[str, dict[str, Any]]:
         if self.path is None:
@@ -321,6 +330,7 @@ class StoredTokens(TokenStorage):
         self._url = url
         self._client = client
         self._used: OAuthClientInformationFull | None = None  # the registered client this provider uses
+        self._held = False  # it read or wrote tokens: their entry gone later means `auth logout` ran meanwhile
 
     async def get_tokens(self) -> OAuthToken | None:
         entry = self._store.entry(self._name, self._url)
@@ -330,9 +340,18 @@ class StoredTokens(TokenStorage):
             return None
         if tokens is not None and isinstance(expires_at := entry.get("expires_at"), int | float):
             tokens.expires_in = int(expires_at - time.time())
+        self._held = self._held or tokens is not None
         return tokens
 
     async def set_tokens(self, tokens: OAuthToken) -> None:
+        """Keep `tokens`; unless this provider held tokens whose entry is gone since (a refresh after
+        `auth logout`): writing them would undo the logout, so the upstream needs a sign-in instead."""
+        if self._held and not self._store.entry(self._name, self._url).get("tokens"):
+            from aggregator.upstream.oauth_signin import SignInRequired  # it imports this module
+
+            self._held = False
+            raise SignInRequired(self._name, " (signed out meanwhile)")
+        self._held = True
         expires_at = time.time() + int(tokens.expires_in) if tokens.expires_in is not None else None
         issued_to = {"client": self._used.model_dump(mode="json", exclude_none=True)} if self._used else {}
         self._store.update(

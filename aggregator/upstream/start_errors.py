@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 from mcp.shared.exceptions import MCPError
 
@@ -27,6 +29,8 @@ def describe_start_error(exc: BaseException, config: UpstreamConfig) -> str:
         what = f"command not executable: {config.command}"
     elif isinstance(first, MCPError):
         what = f"handshake failed: {first.message}"
+    elif (unreachable := _unreachable(first, config)) is not None:
+        what = unreachable
     else:
         what = f"{type(first).__name__}: {first}".strip()
     return what[:500]
@@ -39,6 +43,20 @@ def leaf_exceptions(exc: BaseException) -> Iterator[BaseException]:
             yield from leaf_exceptions(inner)
     else:
         yield exc
+
+
+def _unreachable(exc: BaseException, config: UpstreamConfig) -> str | None:
+    """`HOST:PORT is not reachable` for a remote upstream nothing answers at (the URL's path and query may
+    hold secrets: never shown). httpx2 is looked up, not imported: if it is not loaded, `exc` is not its."""
+    httpx2 = sys.modules.get("httpx2")
+    if config.url is None or httpx2 is None or not isinstance(exc, httpx2.ConnectError):
+        return None
+    where = urlsplit(config.url)
+    try:
+        port = where.port or (443 if where.scheme == "https" else 80)
+    except ValueError:
+        return None
+    return f"{where.hostname}:{port} is not reachable ({exc})"
 
 
 def _is_dir(path: str | None) -> bool:
