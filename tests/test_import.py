@@ -308,3 +308,28 @@ def test_run_from_home_a_project_file_that_is_the_user_file_is_read_once() -> No
     places = Places(home=Path("H"), cwd=Path("H"), platform="linux")
     cursor = [(f.scope, f.path.as_posix()) for f in client_files(places, ("cursor",))]
     assert cursor == [("user", "H/.cursor/mcp.json")]
+
+
+def test_import_json_masks_the_secrets_it_would_write(tmp_path: Path) -> None:
+    """An `mcp-remote` entry's token comes out of the client's env into a header: `--json` shows
+    the plan with it masked, and only the config file `--write` writes holds it."""
+    places, config = home_with_config(tmp_path)
+    token = "sk-live-4f9a1c2e8b7d"
+    desktop = places.home / ".config/Claude/claude_desktop_config.json"
+    remote = {
+        "command": "npx",
+        "args": ["-y", "mcp-remote", "https://mcp.example/mcp", "--header", "Authorization:Bearer ${AUTH_TOKEN}"],
+        "env": {"AUTH_TOKEN": token},
+    }
+    local = {"command": "node", "args": ["s.js"], "env": {"API_KEY": token, "MODE": "fast"}}
+    desktop.write_text(json.dumps({"mcpServers": {"remote-api": remote, "local-api": local}}))
+    done = run_import(places, "claude-desktop", "--json")
+    assert done.returncode == 0, done.stderr
+    assert token not in done.stdout + done.stderr
+    entries = {i["original"]: i["entry"] for i in json.loads(done.stdout)["items"]}
+    assert entries["remote-api"]["headers"] == {"Authorization": "***"}
+    assert entries["remote-api"]["url"] == "https://mcp.example/mcp"
+    assert entries["local-api"]["env"] == {"API_KEY": "***", "MODE": "fast"}
+    written = run_import(places, "claude-desktop", "--write")
+    assert written.returncode == 0 and token not in written.stdout + written.stderr
+    assert token in config.read_text()

@@ -48,6 +48,7 @@ from aggregator.config.load import written_servers
 from aggregator.config.models import RESERVED_NAME
 from aggregator.config.roundtrip import FileChanged, backup, current_text, merge_servers_yaml, write_atomic
 from aggregator.files import write_atomically
+from aggregator.log import REDACTED, is_secret_key, redact_text
 from aggregator.settings import Settings
 from aggregator.suggest import did_you_mean
 from aggregator.table import count, render_table
@@ -190,7 +191,7 @@ async def _import(args: argparse.Namespace, settings: Settings) -> int:
             "config": str(target),
             "section": section,
             "sources": [str(f.path) for f in files],
-            "items": [{k: v for k, v in asdict(item).items()} for item in plan.items],
+            "items": [{**asdict(item), "entry": shown_entry(item.entry)} for item in plan.items],
             "problems": problems,
             "written": written is not None,
             "backup": str(saved) if saved else None,
@@ -202,6 +203,22 @@ async def _import(args: argparse.Namespace, settings: Settings) -> int:
 
 
 Imported = tuple[Path, str, ImportPlan, Path | None, Path | None]
+
+
+def shown_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """An entry to import as it may be printed: the values of secret-looking headers and
+    variables, and a client secret, masked (an `mcp-remote` entry's token comes out of the
+    client's `env` into its header). What `--write` puts into the config is the entry itself."""
+    shown = dict(entry)
+    for key in ("headers", "env"):
+        if isinstance(shown.get(key), dict):
+            shown[key] = {
+                name: REDACTED if is_secret_key(str(name)) else redact_text(str(value))
+                for name, value in shown[key].items()
+            }
+    if "client_secret" in shown:
+        shown["client_secret"] = REDACTED
+    return shown
 
 
 def import_once(explicit: Path | None, places: Places, sources: list[ClientServers], write: bool) -> Imported:
