@@ -40,9 +40,8 @@ from __future__ import annotations
 
 import gzip
 import json
-import re
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import resources
@@ -86,25 +85,12 @@ class RelatedTerms:
     """
 
     def __init__(self, raw: Mapping[str, str]) -> None:
-        self._blob, self._offsets = _blob_of(sorted((w.encode(), e.encode()) for w, e in raw.items()))
-
-    @classmethod
-    def from_json(cls, text: bytes) -> RelatedTerms:
-        """The table of the shipped file's JSON text.
-
-        Read straight into the blob when the file is as the build script writes it (entries sorted,
-        no escapes): decoding it into a dict first left 6 MB more RSS that the C heap keeps.
-        Anything else is decoded as JSON (ValueError if it is not the table).
-        """
-        entries = _sorted_plain_entries(text)
-        if entries is None:
-            related = json.loads(text)["related"]
-            if not isinstance(related, dict):
-                raise ValueError("related terms: 'related' is not an object")
-            return cls(related)
-        table = cls({})
-        table._blob, table._offsets = _blob_of(entries)
-        return table
+        blob = bytearray()
+        self._offsets = array("I")
+        for word, entry in sorted((w.encode(), e.encode()) for w, e in raw.items()):
+            self._offsets.append(len(blob))
+            blob += b"%s\t%s\n" % (word, entry)
+        self._blob = bytes(blob)
 
     def __len__(self) -> int:
         return len(self._offsets)
@@ -142,44 +128,6 @@ class RelatedTerms:
         return None
 
 
-_RELATED_START = re.compile(rb'\A\s*\{(?:\s*"about"\s*:\s*\{[^{}]*\}\s*,)?\s*"related"\s*:\s*\{')
-_RELATED_ENTRY = re.compile(rb'\s*"([^"\\]*)"\s*:\s*"([^"\\]*)"\s*(,?)')
-_RELATED_END = re.compile(rb"\s*\}\s*\}\s*\Z")
-
-
-def _sorted_plain_entries(text: bytes) -> Iterator[tuple[bytes, bytes]] | None:
-    """The file's entries as they stand, if it is laid out as the build script writes it (an
-    optional flat "about" object, then "related" sorted by word, no escapes); else None."""
-    if b"\\" in text or (start := _RELATED_START.match(text)) is None:
-        return None
-    entries: list[tuple[bytes, bytes]] = []
-    at, last = start.end(), b""
-    while (entry := _RELATED_ENTRY.match(text, at)) is not None:
-        word, related, comma = entry.groups()
-        if word <= last and entries:
-            return None
-        entries.append((word, related))
-        at, last = entry.end(), word
-        if not comma:
-            break
-    if _RELATED_END.match(text, at) is None:
-        return None
-    return iter(entries)
-
-
-def _blob_of(entries: Iterable[tuple[bytes, bytes]]) -> tuple[bytes, array[int]]:
-    """`word<TAB>entry` lines, given sorted by word, as one blob and the lines' offsets."""
-    blob = bytearray()
-    offsets = array("I")
-    for word, related in entries:
-        offsets.append(len(blob))
-        blob += word
-        blob += b"\t"
-        blob += related
-        blob += b"\n"
-    return bytes(blob), offsets
-
-
 @lru_cache(maxsize=4096)
 def _parse_related(text: str) -> Related:
     parts = text.split()
@@ -192,7 +140,7 @@ def related_terms() -> RelatedTerms:
     path = resources.files("aggregator.catalog").joinpath("data/related_terms.json.gz")
     if not path.is_file():
         return RelatedTerms({})
-    table = RelatedTerms.from_json(gzip.decompress(path.read_bytes()))
+    table = RelatedTerms(json.loads(gzip.decompress(path.read_bytes()))["related"])
     release_freed_memory()  # the decompressed text and its parse: megabytes the C heap would keep
     return table
 
