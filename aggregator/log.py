@@ -149,6 +149,12 @@ def redact_text(text: str) -> str:
     return text
 
 
+def redacted(value: Any) -> Any:
+    """`value` as it may be shown: strings masked, and the values under secret-looking keys of any
+    mapping in it replaced (the log processor's rule, for output that is not a log line)."""
+    return _redact_value(value)
+
+
 def _redact_value(value: Any, depth: int = 0) -> Any:
     if depth > _MAX_DEPTH:
         return REDACTED

@@ -48,7 +48,7 @@ from aggregator.config.load import written_servers
 from aggregator.config.models import RESERVED_NAME
 from aggregator.config.roundtrip import FileChanged, backup, current_text, merge_servers_yaml, write_atomic
 from aggregator.files import write_atomically
-from aggregator.log import REDACTED, is_secret_key, redact_text
+from aggregator.log import REDACTED, redacted
 from aggregator.settings import Settings
 from aggregator.suggest import did_you_mean
 from aggregator.table import count, render_table
@@ -212,10 +212,7 @@ def shown_entry(entry: dict[str, Any]) -> dict[str, Any]:
     shown = dict(entry)
     for key in ("headers", "env"):
         if isinstance(shown.get(key), dict):
-            shown[key] = {
-                name: REDACTED if is_secret_key(str(name)) else redact_text(str(value))
-                for name, value in shown[key].items()
-            }
+            shown[key] = redacted(shown[key])
     if "client_secret" in shown:
         shown["client_secret"] = REDACTED
     return shown
