@@ -143,7 +143,7 @@ class Relay:
 
     def client_of(self, origin: Any) -> Connection | None:
         """A handshake-era client's connection (a 2026-07-28 client has none that lasts: it shares)."""
-        connection = _client(origin)
+        connection = origin_client(origin)
         if connection is None or connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return None
         return connection  # type: ignore[no-any-return]
@@ -218,7 +218,7 @@ class Relay:
     @staticmethod
     def _sender(connection: Connection, origins: Sequence[Any]) -> Any:
         """The stream of the client's latest request in flight, else its own standalone stream."""
-        mine = [o for o in origins if _client(o) is connection]
+        mine = [o for o in origins if origin_client(o) is connection]
         if mine and isinstance(mine[-1], ServerRequestContext):
             return request_sender(mine[-1].session)
         return connection.send_raw_request  # a raw call's client (a line-based one): its stream is the only one
@@ -288,7 +288,7 @@ class Relay:
         return self.clients.legacy()
 
 
-def _client(origin: Any) -> Connection | None:
+def origin_client(origin: Any) -> Connection | None:
     """The client connection of a request in flight: the SDK's request context, or a raw call's origin."""
     if isinstance(origin, RawOrigin):
         return origin.connection
@@ -299,7 +299,7 @@ def _client(origin: Any) -> Connection | None:
 
 def _callers(origins: Sequence[Any]) -> dict[int, Connection]:
     """The distinct clients of the requests in flight, by identity."""
-    return {id(c): c for c in (_client(o) for o in origins) if c is not None}
+    return {id(c): c for c in (origin_client(o) for o in origins) if c is not None}
 
 
 _REQUIRED = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation", "roots/list": "roots"}

@@ -19,8 +19,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from aggregator.faults import Fault, SignInNeeded
 from aggregator.log import get_logger
-from aggregator.proxy.relay import RawOrigin
-from aggregator.sdk import client_connection
+from aggregator.proxy.relay import origin_client
 from aggregator.upstream.pool import UpstreamPool
 
 __all__ = ["RETRY", "offer_sign_in"]
@@ -44,10 +43,7 @@ def opens_links(connection: Any) -> bool:
 async def offer_sign_in(pool: UpstreamPool, fault: SignInNeeded, origin: Any) -> Any:
     """Raise -32042 with the sign-in link for the client of `origin`, or the `Fault` to answer it with;
     `RETRY` if no sign-in is needed after all. Waits for the authorization URL, never for the user."""
-    if isinstance(origin, RawOrigin):
-        connection: Any = origin.connection
-    else:
-        connection = client_connection(getattr(origin, "session", None))
+    connection = origin_client(origin)
     config = pool.connection(fault.upstream).config
     if not opens_links(connection) or config.auth not in (None, "oauth"):  # only a browser sign-in has a link
         raise fault
