@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import mcp.types as types
+import pydantic_core
 from mcp.shared.message import SessionMessage
 
 from aggregator.log import get_logger
 
 log = get_logger(__name__)
+
+
+def json_line(message: Any) -> bytes:
+    """A message of plain JSON values as one line (the raw path's framing: no model in between).
+    Raises ValueError/TypeError for what JSON cannot hold, as `pydantic_core.to_json` does."""
+    return pydantic_core.to_json(message) + b"\n"
 
 
 def parse_line(line: bytes, peer: str) -> SessionMessage | Exception:

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import anyio.abc
 import mcp.types as types
-import pydantic_core
 from mcp.server.caching import CacheHint
 from mcp.server.connection import Connection
 from mcp.shared.exceptions import MCPError
@@ -46,7 +45,7 @@ from aggregator.proxy.passthrough import for_era, forwarded_meta
 from aggregator.proxy.raw_checks import plain_text_result, tools_call_params_ok
 from aggregator.proxy.relay import RawOrigin
 from aggregator.tools.base import ToolContext, invalid_result
-from aggregator.wire import encode
+from aggregator.wire import encode, json_line
 
 if TYPE_CHECKING:
     from aggregator.proxy.server import AggregatorServer
@@ -296,7 +295,7 @@ class RawLane:
             if message is not None:
                 body["message"] = message
             try:  # from the upstream's reader: never wait on a client that does not read
-                replies.send_nowait(_line({"jsonrpc": "2.0", "method": "notifications/progress", "params": body}))
+                replies.send_nowait(json_line({"jsonrpc": "2.0", "method": "notifications/progress", "params": body}))
             except anyio.WouldBlock:
                 log.debug("progress not relayed: the client's writer is full", token=token)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -325,7 +324,7 @@ def _result_line(request_id: Any, method: str, result: Any, version: str, hint: 
             return _encoded_error(request_id, types.ErrorData(code=types.INTERNAL_ERROR, message=INVALID_RESULT))
         dumped = serialize_server_result(method, version, _dumped(invalid_result(exc)))  # as `_call_result`
     try:
-        return _line({"jsonrpc": "2.0", "id": request_id, "result": dumped})
+        return json_line({"jsonrpc": "2.0", "id": request_id, "result": dumped})
     except (ValueError, TypeError) as exc:
         log.warning("a message could not be serialised", kind="JSONRPCResponse", error=str(exc)[:200])
         return _error_line(request_id, types.INTERNAL_ERROR, "the answer could not be serialised as JSON")
@@ -354,8 +353,4 @@ def _dumped(result: Any) -> dict[str, Any]:
 
 
 def _error_line(request_id: Any, code: int, message: str) -> bytes:
-    return _line({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
-
-
-def _line(message: Any) -> bytes:
-    return pydantic_core.to_json(message) + b"\n"
+    return json_line({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})

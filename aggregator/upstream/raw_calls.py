@@ -34,6 +34,7 @@ from mcp_types.jsonrpc import CONNECTION_CLOSED
 from aggregator.log import get_logger
 from aggregator.sdk import ProgressFn
 from aggregator.upstream.server_messages import MAX_RESULT_NESTING, parse_upstream_line
+from aggregator.wire import json_line
 
 log = get_logger(__name__)
 
@@ -149,7 +150,7 @@ class RawCalls:
     async def _cancel(self, request_id: str) -> None:
         """The courtesy `notifications/cancelled` the SDK sends for a request its caller abandoned."""
         params = {"requestId": request_id, "reason": "caller cancelled"}
-        line = _line({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
+        line = json_line({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
         with (
             anyio.CancelScope(shield=True),
             anyio.move_on_after(CANCEL_WRITE_SECONDS),
@@ -298,11 +299,7 @@ def _request_line(request_id: str, method: str, params: dict[str, Any] | None, w
     if out:
         message["params"] = out
     try:
-        return _line(message)
+        return json_line(message)
     except (ValueError, TypeError) as exc:  # as `_write_stdin` answers a request it cannot serialise
         log.warning("a raw request could not be serialised", error=str(exc)[:200])
         raise MCPError(types.INTERNAL_ERROR, "the request could not be serialised as JSON") from None
-
-
-def _line(message: Any) -> bytes:
-    return pydantic_core.to_json(message) + b"\n"
