@@ -379,3 +379,35 @@ from uvicorn.main import Server
 assert Server.handle_exit is AppStatus.handle_exit and AppStatus.original_handler is not None  # what we restate
 print("ok")
 """)
+
+
+def test_defer_http_clients_keeps_httpx2_out_until_a_remote_client_is_used() -> None:
+    """`import mcp` imports `mcp.client.session_group` and `mcp.client.streamable_http`, and with them
+    httpx2; deferred, both are stand-ins whose eagerly read names (`ClientSessionGroup`,
+    `streamable_http_client`) are placeholders: `isinstance` loads nothing, any other use loads the
+    real module and gives the real names back to the SDK modules that bound them."""
+    _fresh("""
+import sys
+from aggregator.sdk.deferred import defer_http_clients, defer_mcpserver, placeholder
+assert defer_http_clients() is True and defer_mcpserver() is True  # MCPServer's resources import httpx2 too
+import mcp, mcp.client.client
+heavy = ("httpx2", "mcp.shared._httpx_utils", "mcp.client.sse")
+assert not any(name in sys.modules for name in heavy), [n for n in heavy if n in sys.modules]
+group = placeholder("mcp.client.session_group", "ClientSessionGroup")
+connect = placeholder("mcp.client.streamable_http", "streamable_http_client")
+assert mcp.ClientSessionGroup is group and mcp.client.client.streamable_http_client is connect
+from mcp.client.streamable_http import streamable_http_client  # a from-import of the name: no load
+assert streamable_http_client is connect and not isinstance(object(), mcp.ClientSessionGroup)
+assert not any(name in sys.modules for name in heavy)
+
+client = mcp.Client("http://127.0.0.1:9/mcp")  # the SDK calls streamable_http_client: the real one loads
+real = sys.modules["mcp.client.streamable_http"]
+assert "httpx2" in sys.modules and real.streamable_http_client is mcp.client.client.streamable_http_client
+assert mcp.client.streamable_http is real and type(real).__name__ == "module"
+assert mcp.ClientSessionGroup is group  # the other module stays deferred until it is used
+sessions = mcp.ClientSessionGroup()
+assert type(sessions) is sys.modules["mcp.client.session_group"].ClientSessionGroup is mcp.ClientSessionGroup
+assert isinstance(sessions, group)
+assert defer_http_clients() is False
+print("ok")
+""")

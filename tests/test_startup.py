@@ -40,6 +40,7 @@ def test_serve_imports_no_cli_only_module_and_no_rich(tmp_path: Path) -> None:
     assert not roots & {"rich", "pygments", "ruamel", "tomlkit"}, roots
     # memory: PyJWT and the SDK's MCPServer bring cryptography (9-12 MB RSS), sse_starlette uvicorn (2.5), sqlite 0.9
     assert not roots & {"jwt", "cryptography", "uvicorn", "click", "sqlite3"}, roots  # uvicorn: --transport http only
+    assert not roots & {"httpx2", "idna", "webbrowser"}, roots  # the HTTP client: a remote upstream's (2.4 MB)
 
 
 def test_the_cli_freezes_its_imports_and_collects_again_after(tmp_path: Path) -> None:
@@ -86,3 +87,41 @@ def test_a_serving_stdio_aggregator_never_loads_what_it_does_not_use(tmp_path: P
         assert proc.stdin
         proc.stdin.close()
         proc.wait(timeout=30)
+
+
+def test_a_serving_stdio_aggregator_loads_the_http_client_for_its_first_remote_upstream(tmp_path: Path) -> None:
+    """The SDK's HTTP client modules are stand-ins in `serve` (`sdk.deferred.defer_http_clients`): a real
+    `serve` still reaches a streamable HTTP and an SSE upstream, and a stdio one beside them."""
+    from tests.conftest import example, free_port, kit_upstream, rpc, spawn_raw_aggregator, wait_for_port, write_config
+
+    toolbox = example("toolbox")
+    servers, upstreams = [], {"kit": kit_upstream()}
+    try:
+        for transport, path in (("streamable-http", "mcp"), ("sse", "sse")):
+            port = free_port()
+            argv = [toolbox["command"], *toolbox["args"], transport, "--port", str(port)]
+            servers.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+            wait_for_port(port, servers[-1])
+            kind = "http" if path == "mcp" else "sse"
+            upstreams[kind] = {"url": f"http://127.0.0.1:{port}/{path}", "transport": kind, "auth": "none"}
+        proc = spawn_raw_aggregator(write_config(tmp_path, upstreams))
+        try:
+            for request_id, name in enumerate(("kit", "http", "sse"), start=1):
+                tool = "echo" if name == "kit" else "word_count"
+                arguments = {"message": "m"} if name == "kit" else {"text": "two words"}
+                call = {
+                    "name": "catalog_call_tool",
+                    "arguments": {"server": name, "tool": tool, "arguments": arguments},
+                }
+                result = rpc(proc, request_id, "tools/call", call)["result"]
+                assert not result.get("isError"), result
+                if name != "kit":
+                    assert json.loads(result["content"][0]["text"])["words"] == 2, result
+        finally:
+            assert proc.stdin
+            proc.stdin.close()
+            proc.wait(timeout=30)
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(timeout=10)

@@ -14,6 +14,12 @@ those modules, so code that does use `MCPServer` behaves as without the deferral
 `isinstance` check against the placeholder loads nothing: without the real class there can be no
 instance of it.
 
+The HTTP client (httpx2, with idna and `importlib.metadata`, ~3 MB RSS): `import mcp` imports
+`mcp.client.session_group` (for the name `ClientSessionGroup`) and `mcp.client.streamable_http`
+(for `streamable_http_client`, bound by `mcp.client.client`), and both import httpx2 at their top.
+A stdio `serve` with no remote upstream never uses them: `defer_http_clients()` gives both modules
+the same kind of stand-in, so httpx2 loads with the first remote upstream (or `mcp.Client(url)`).
+
 uvicorn: `import mcp` imports `sse_starlette`, whose import imports uvicorn (click, multiprocessing,
 logging.config: 2.5 MB RSS) only to hook uvicorn's exit handler. `import_sse_without_uvicorn`
 imports `sse_starlette` with uvicorn hidden, so the hook is skipped; `restore_sse_drain` installs
@@ -27,65 +33,121 @@ import importlib.util
 import os
 import sys
 import types
+from dataclasses import dataclass
 from importlib.machinery import ModuleSpec, PathFinder
 from typing import Any
 
-PACKAGE = "mcp.server.mcpserver"
-CLASS_MODULE = "mcp.server.mcpserver.server"  # where MCPServer is defined
-BINDERS = ("mcp.server", "mcp.client.client", "mcp.client._memory")  # SDK modules that bind the name
+
+@dataclass(frozen=True)
+class Deferral:
+    """An SDK module kept out until first use, and the names the SDK reads from it at import."""
+
+    module: str
+    names: tuple[str, ...]  # read eagerly by `binders`: placeholders until the module loads
+    binders: tuple[str, ...]  # SDK modules that bind those names (given the real ones on load)
+    home: str = ""  # the module that defines the names, if a submodule (importable under the stand-in)
+
+    @property
+    def defines(self) -> str:
+        return self.home or self.module
+
+
+MCPSERVER = Deferral(
+    "mcp.server.mcpserver",
+    ("MCPServer",),
+    ("mcp.server", "mcp.client.client", "mcp.client._memory"),
+    home="mcp.server.mcpserver.server",
+)
+HTTP_CLIENTS = (
+    Deferral("mcp.client.session_group", ("ClientSessionGroup",), ("mcp",)),
+    Deferral("mcp.client.streamable_http", ("streamable_http_client",), ("mcp.client.client",)),
+)
+_DEFERRALS = {deferral.module: deferral for deferral in (MCPSERVER, *HTTP_CLIENTS)}
 
 
 def defer_mcpserver() -> bool:
     """Install the stand-in; False (and nothing done) once `mcp` or the real package is imported."""
-    if "mcp" in sys.modules or PACKAGE in sys.modules:
+    return _defer(MCPSERVER)
+
+
+def defer_http_clients() -> bool:
+    """Keep httpx2 out until a remote transport is used; False (nothing done) once `mcp` is imported.
+
+    The SDK's `MCPServer` package imports httpx2 as well: with `defer_mcpserver()` only."""
+    if "mcp" in sys.modules:
         return False
-    spec = _package_spec()
+    return all([_defer(deferral) for deferral in HTTP_CLIENTS])
+
+
+def _defer(deferral: Deferral) -> bool:
+    if "mcp" in sys.modules or deferral.module in sys.modules:
+        return False
+    spec = _module_spec(deferral.module)
     if spec is None:
         return False
     stand_in = importlib.util.module_from_spec(spec)  # its __path__ and __file__, read by the import
     stand_in.__class__ = _StandIn  # system and by `inspect`, are the real ones: reading them loads nothing
-    sys.modules[PACKAGE] = stand_in
+    sys.modules[deferral.module] = stand_in
     return True
 
 
-def _package_spec() -> ModuleSpec | None:
-    """The real package's spec, found on the path as the import system would, importing nothing."""
-    top = PathFinder.find_spec("mcp")
+def _module_spec(name: str) -> ModuleSpec | None:
+    """The real module's spec, found on the path as the import system would, importing nothing."""
+    parts = name.split(".")
+    top = PathFinder.find_spec(parts[0])
     if top is None or not top.submodule_search_locations:
         return None
-    server = [os.path.join(location, "server") for location in top.submodule_search_locations]
-    return PathFinder.find_spec(PACKAGE, server)
+    locations = list(top.submodule_search_locations)
+    for part in parts[1:-1]:
+        locations = [os.path.join(location, part) for location in locations]
+    return PathFinder.find_spec(name, locations)
 
 
-def _load() -> Any:
-    """Import the real package in place of the stand-in and rebind the class where the SDK bound it."""
-    if isinstance(sys.modules.get(PACKAGE), _StandIn):
-        sys.modules.pop(PACKAGE, None)  # pop: another thread may be loading it too
-    real = importlib.import_module(PACKAGE)
-    for name in BINDERS:
-        binder = sys.modules.get(name)
-        if binder is not None and getattr(binder, "MCPServer", None) is PLACEHOLDER:
-            binder.MCPServer = real.MCPServer  # type: ignore[attr-defined]
-    parent = sys.modules.get("mcp.server")
-    if parent is not None:
-        parent.mcpserver = real  # type: ignore[attr-defined]
+def _load(module: str) -> Any:
+    """Import the real module in place of its stand-in and rebind the names where the SDK bound them."""
+    if isinstance(sys.modules.get(module), _StandIn):
+        sys.modules.pop(module, None)  # pop: another thread may be loading it too
+    real = importlib.import_module(module)
+    deferral = _DEFERRALS[module]
+    for binder_name in deferral.binders:
+        binder = sys.modules.get(binder_name)
+        for name in deferral.names:
+            if binder is not None and getattr(binder, name, None) is placeholder(module, name):
+                setattr(binder, name, getattr(real, name))
+    parent, _, child = module.rpartition(".")
+    if parent in sys.modules:
+        setattr(sys.modules[parent], child, real)
     return real
 
 
+def _loaded(deferral: Deferral, name: str) -> Any:
+    """The real object if the module defining it is loaded (without loading anything), else None."""
+    home = sys.modules.get(deferral.defines)
+    if home is None or isinstance(home, _StandIn):
+        return None
+    return getattr(home, name, None)
+
+
 class _StandIn(types.ModuleType):
-    """`mcp.server.mcpserver` until something other than the name `MCPServer` is asked of it."""
+    """A deferred module until something other than one of its eagerly read names is asked of it."""
 
     def __getattr__(self, name: str) -> Any:
-        if name == "MCPServer":
-            return PLACEHOLDER
-        return getattr(_load(), name)
+        if name in _DEFERRALS[self.__name__].names:
+            return placeholder(self.__name__, name)
+        if name == "__path__":  # asked by `from module import name`: a plain module has none (a
+            raise AttributeError(name)  # package's is set on the stand-in, so never asked here)
+        return getattr(_load(self.__name__), name)
 
 
-class _DeferredClass:
-    """Stands for the class `MCPServer`; every use but an `isinstance` check loads the real one."""
+class _Deferred:
+    """Stands for a name of a deferred module; every use but an `isinstance` check loads the real one."""
+
+    def __init__(self, deferral: Deferral, name: str) -> None:
+        self._deferral = deferral
+        self._name = name
 
     def _real(self) -> Any:
-        return _load().MCPServer
+        return getattr(_load(self._deferral.module), self._name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._real()(*args, **kwargs)
@@ -100,11 +162,11 @@ class _DeferredClass:
         return (self._real(),)
 
     def __instancecheck__(self, instance: Any) -> bool:
-        real = getattr(sys.modules.get(CLASS_MODULE), "MCPServer", None)
+        real = _loaded(self._deferral, self._name)  # not loaded: there can be no instance of it
         return real is not None and isinstance(instance, real)
 
     def __subclasscheck__(self, subclass: Any) -> bool:
-        real = getattr(sys.modules.get(CLASS_MODULE), "MCPServer", None)
+        real = _loaded(self._deferral, self._name)
         return real is not None and issubclass(subclass, real)
 
     def __or__(self, other: Any) -> Any:
@@ -114,10 +176,20 @@ class _DeferredClass:
         return other | self._real()
 
     def __repr__(self) -> str:
-        return "<MCPServer, imported on first use (aggregator.sdk.deferred)>"
+        return f"<{self._name}, imported on first use (aggregator.sdk.deferred)>"
 
 
-PLACEHOLDER = _DeferredClass()
+_PLACEHOLDERS = {
+    (deferral.module, name): _Deferred(deferral, name) for deferral in _DEFERRALS.values() for name in deferral.names
+}
+
+
+def placeholder(module: str, name: str) -> _Deferred:
+    """The one stand-in object for `name` of a deferred `module`."""
+    return _PLACEHOLDERS[(module, name)]
+
+
+PLACEHOLDER = placeholder(MCPSERVER.module, "MCPServer")
 
 
 def import_sse_without_uvicorn() -> bool:

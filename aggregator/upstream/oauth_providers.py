@@ -19,9 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
-import httpx2
-from mcp.client.auth import OAuthTokenError
-from mcp.client.auth.utils import union_scopes
 from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata
 from mcp.shared.exceptions import MCPDeprecationWarning
 from pydantic import AnyUrl
@@ -33,7 +30,9 @@ from aggregator.upstream.oauth_signin import BrowserStep, SignInRequired, free_p
 from aggregator.upstream.oauth_tokens import StoredTokens, TokenStore
 
 if TYPE_CHECKING:  # the providers load when an upstream signs in: their client-credentials module
-    # imports PyJWT and with it `cryptography` (about 8 MB RSS a `serve` of stdio upstreams never uses)
+    # imports PyJWT and with it `cryptography` (about 8 MB RSS a `serve` of stdio upstreams never uses);
+    # httpx2 and the SDK's `mcp.client.auth` (which imports it) load with the first remote upstream too
+    import httpx2
 
     from aggregator.sdk.oauth import ClientCredentialsProvider, OAuthProvider, PrivateKeyJWTProvider
 
@@ -75,6 +74,8 @@ class Authenticator:
         authorization URL to `offer` instead of a browser (`BrowserStep.offer`)."""
         if not uses_oauth(config):
             return None
+        from mcp.client.auth.utils import union_scopes
+
         from aggregator.sdk.oauth import OAuthProvider
 
         assert config.url is not None
@@ -117,6 +118,8 @@ class Authenticator:
     def _remember_scope(self, config: UpstreamConfig, url: str) -> None:
         """Keep the scopes of a sign-in that could not happen (e.g. a step-up while serving), so that
         `auth login` asks for them."""
+        from mcp.client.auth.utils import union_scopes
+
         scope = parse_qs(urlsplit(url).query).get("scope")
         if scope:
             wanted = self.store.entry(config.name, config.url).get("wanted_scope")
@@ -158,6 +161,9 @@ def _identity_assertion(config: UpstreamConfig, storage: StoredTokens, scope: st
     if missing:
         raise SignInRequired(config.name, f" (auth: identity_assertion needs {', '.join(missing)})")
     assert config.client_id and config.client_secret and config.issuer
+
+    import httpx2
+    from mcp.client.auth import OAuthTokenError
 
     async def id_jag(audience: str, resource: str) -> str:
         form = {

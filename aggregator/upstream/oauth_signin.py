@@ -16,14 +16,12 @@ import shlex
 import socket
 import subprocess
 import sys
-import webbrowser
 from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
 
 import anyio
 import anyio.abc
 import anyio.to_thread
-from mcp.client.auth import OAuthFlowError, OAuthRegistrationError, OAuthTokenError
 from mcp.shared.auth import AuthorizationCodeResult
 
 from aggregator.upstream.oauth_tokens import TokenStoreError
@@ -71,7 +69,8 @@ def describe_auth_error(exc: BaseException) -> str | None:
     """One line for an exception of a sign-in (ours or the SDK's OAuth errors), else None."""
     if isinstance(exc, SignInRequired):
         return str(exc)
-    if isinstance(exc, OAuthFlowError | OAuthTokenError | OAuthRegistrationError):
+    sdk_auth = sys.modules.get("mcp.client.auth")  # looked up, not imported (it imports httpx2): if it
+    if sdk_auth is not None and isinstance(exc, sdk_auth.OAuthFlowError):  # is not loaded, `exc` is not its
         return f"sign-in failed: {exc}"
     if isinstance(exc, TokenStoreError):
         return f"no token store: {exc}"
@@ -199,6 +198,8 @@ async def _answer_callback(stream: anyio.abc.SocketStream, state: str | None) ->
     if "error" in query:
         await _respond(stream, "400 Bad Request", "Sign-in refused. You can close this tab.")
         reason = f"{query['error']} {query.get('error_description', '')}".strip()[:200]
+        from mcp.client.auth import OAuthFlowError
+
         raise OAuthFlowError(f"the authorization server refused the sign-in: {reason}")
     if "code" not in query:
         await _respond(stream, "400 Bad Request", "No authorization code in this request.")
@@ -225,6 +226,8 @@ async def open_browser(url: str, command: str | None) -> anyio.abc.Process | Non
             raise BrowserFailed(f"AGGREGATOR_BROWSER could not run: {exc.strerror or exc}") from None
     if sys.platform in ("darwin", "win32") or os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
         with contextlib.suppress(Exception):  # no browser: the printed URL is the way
+            import webbrowser
+
             await anyio.to_thread.run_sync(webbrowser.open, url)
     return None
 

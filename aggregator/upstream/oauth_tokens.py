@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from mcp.client.auth import TokenStorage
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from pydantic import ValidationError
 
@@ -312,8 +311,11 @@ def _secrets_of(entries: Any) -> list[str]:
     return [value for value in found if isinstance(value, str) and value]
 
 
-class StoredTokens(TokenStorage):
+class StoredTokens:
     """The SDK's `TokenStorage` over one upstream's entry of the `TokenStore`.
+
+    A `typing.Protocol`, met by shape (checked by mypy where a provider is given one), not subclassed:
+    the SDK's `mcp.client.auth` imports httpx2, which a `serve` with no remote upstream never loads.
 
     `expires_in` is stored as an absolute `expires_at` and handed back as the seconds left, so a
     token loaded later keeps its expiry. A configured client (client_id) is never written. Tokens
