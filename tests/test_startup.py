@@ -40,7 +40,7 @@ def test_serve_imports_no_cli_only_module_and_no_rich(tmp_path: Path) -> None:
     assert not roots & {"rich", "pygments", "ruamel", "tomlkit"}, roots
     # memory: PyJWT and the SDK's MCPServer bring cryptography (9-12 MB RSS), sse_starlette uvicorn (2.5), sqlite 0.9
     assert not roots & {"jwt", "cryptography", "uvicorn", "click", "sqlite3"}, roots  # uvicorn: --transport http only
-    assert not roots & {"httpx2", "idna", "webbrowser"}, roots  # the HTTP client: a remote upstream's (2.4 MB)
+    assert not roots & {"httpx2", "idna", "webbrowser", "json5"}, roots  # HTTP client: remote upstreams only; json5: JSON configs
 
 
 def test_the_cli_freezes_its_imports_and_collects_again_after(tmp_path: Path) -> None:
