@@ -51,7 +51,7 @@ PHASES = [
     ),
     ("the rest of `import mcp` (server, client, auth)", "import mcp, mcp.client.stdio, mcp.server.stdio"),
     ("structlog and our logging", "import aggregator.log"),
-    ("our config and settings (yaml, pydantic-settings, models)", "import aggregator.config, aggregator.settings"),
+    ("our config and settings (yaml, platformdirs, models)", "import aggregator.config, aggregator.settings"),
     ("our CLI", "import aggregator.cli.commands"),
     (
         "our server, pool, stdio side",

@@ -40,8 +40,8 @@ def test_serve_imports_no_cli_only_module_and_no_rich(tmp_path: Path) -> None:
     assert not roots & {"rich", "pygments", "ruamel", "tomlkit"}, roots
     # memory: PyJWT and the SDK's MCPServer bring cryptography (9-12 MB RSS), sse_starlette uvicorn (2.5), sqlite 0.9
     assert not roots & {"jwt", "cryptography", "uvicorn", "click", "sqlite3"}, roots  # uvicorn: --transport http only
-    # the HTTP client: remote upstreams only (2.4 MB); json5: JSON configs only (0.6)
-    assert not roots & {"httpx2", "idna", "webbrowser", "json5"}, roots
+    # the HTTP client: remote upstreams only (2.4 MB); json5: JSON configs only (0.6); pydantic-settings (1.2)
+    assert not roots & {"httpx2", "idna", "webbrowser", "json5", "pydantic_settings"}, roots
 
 
 def test_the_cli_freezes_its_imports_and_collects_again_after(tmp_path: Path) -> None:
