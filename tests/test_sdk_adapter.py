@@ -384,8 +384,9 @@ print("ok")
 def test_defer_http_clients_keeps_httpx2_out_until_a_remote_client_is_used() -> None:
     """`import mcp` imports `mcp.client.session_group` and `mcp.client.streamable_http`, and with them
     httpx2; deferred, both are stand-ins whose eagerly read names (`ClientSessionGroup`,
-    `streamable_http_client`) are placeholders: `isinstance` loads nothing, any other use loads the
-    real module and gives the real names back to the SDK modules that bound them."""
+    `streamable_http_client`) are placeholders for the SDK modules that bind them: `isinstance` loads
+    nothing, any other use loads the real module and gives the real names back to those modules; a
+    module that is not one of them gets the real module at once (no placeholder is left unbound)."""
     _fresh("""
 import sys
 from aggregator.sdk.deferred import defer_http_clients, defer_mcpserver, placeholder
@@ -396,18 +397,65 @@ assert not any(name in sys.modules for name in heavy), [n for n in heavy if n in
 group = placeholder("mcp.client.session_group", "ClientSessionGroup")
 connect = placeholder("mcp.client.streamable_http", "streamable_http_client")
 assert mcp.ClientSessionGroup is group and mcp.client.client.streamable_http_client is connect
-from mcp.client.streamable_http import streamable_http_client  # a from-import of the name: no load
-assert streamable_http_client is connect and not isinstance(object(), mcp.ClientSessionGroup)
-assert not any(name in sys.modules for name in heavy)
+assert not isinstance(object(), mcp.ClientSessionGroup) and not any(name in sys.modules for name in heavy)
 
 client = mcp.Client("http://127.0.0.1:9/mcp")  # the SDK calls streamable_http_client: the real one loads
 real = sys.modules["mcp.client.streamable_http"]
 assert "httpx2" in sys.modules and real.streamable_http_client is mcp.client.client.streamable_http_client
 assert mcp.client.streamable_http is real and type(real).__name__ == "module"
 assert mcp.ClientSessionGroup is group  # the other module stays deferred until it is used
-sessions = mcp.ClientSessionGroup()
-assert type(sessions) is sys.modules["mcp.client.session_group"].ClientSessionGroup is mcp.ClientSessionGroup
-assert isinstance(sessions, group)
+from mcp.client.session_group import ClientSessionGroup  # asked by a module that binds no placeholder
+assert ClientSessionGroup is sys.modules["mcp.client.session_group"].ClientSessionGroup is mcp.ClientSessionGroup
+assert isinstance(ClientSessionGroup(), group)
 assert defer_http_clients() is False
+print("ok")
+""")
+
+
+def test_defer_http_server_keeps_starlette_out_until_the_http_app_is_built() -> None:
+    """`mcp.server.lowlevel.server` imports starlette, the SDK's session manager and its server-side OAuth
+    for `Server.streamable_http_app` only; deferred, none of them loads until that app is built, its
+    default arguments are the SDK's own values, and the app it builds serves a real HTTP client."""
+    _fresh("""
+import sys, anyio, httpx2
+from aggregator.sdk import deferred
+assert deferred.defer_http_server() and deferred.defer_mcpserver() and deferred.defer_http_clients()  # as serve
+import mcp, mcp.server.lowlevel.server as lowlevel
+from mcp.server import Server
+assert not any(name.split(".")[0] in ("starlette", "sse_starlette") and not type(module).__name__ == "_StandIn"
+               for name, module in sys.modules.items()), "starlette imported"
+assert "mcp.server.auth.routes" not in sys.modules or type(sys.modules["mcp.server.auth.routes"]).__name__ == "_StandIn"
+import inspect
+parameters = inspect.signature(lowlevel.Server.streamable_http_app).parameters
+restated = [parameters[name].default for name in ("max_request_body_size", "session_idle_timeout", "max_sessions")]
+import mcp.server.streamable_http_manager as manager, mcp.server.transport_security as security  # the real ones
+real = [security.DEFAULT_MAX_REQUEST_BODY_SIZE, manager.DEFAULT_SESSION_IDLE_TIMEOUT, manager.DEFAULT_MAX_SESSIONS]
+assert restated == real, (restated, real)  # the SDK's defaults, restated in aggregator.sdk.deferred
+
+import mcp.types as types
+
+async def list_tools(ctx, params):
+    return types.ListToolsResult(tools=[types.Tool(name="t", input_schema={"type": "object"})])
+
+server = Server("s", on_list_tools=list_tools)
+app = server.streamable_http_app(streamable_http_path="/mcp", stateless_http=True, json_response=True)
+from starlette.applications import Starlette
+assert isinstance(app, Starlette) and lowlevel.Starlette is Starlette
+
+async def main():
+    async with server.session_manager.run():
+        transport = httpx2.ASGITransport(app=app)
+        async with httpx2.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as http:
+            headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+            init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
+                    "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+            answer = await http.post("/mcp", json=init, headers=headers)
+            assert answer.status_code == 200 and answer.json()["result"]["serverInfo"]["name"] == "s", answer.text
+            listed = await http.post("/mcp", json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+                                     headers={**headers, "mcp-protocol-version": "2025-06-18"})
+            assert [tool["name"] for tool in listed.json()["result"]["tools"]] == ["t"], listed.text
+
+anyio.run(main)
+assert deferred.defer_http_server() is False
 print("ok")
 """)

@@ -29,11 +29,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             sdk.defer_wire_model_builds()  # before anything imports the SDK
             if words[at] == "serve":  # it builds no MCPServer: keep that package and cryptography out
-                from aggregator.sdk.deferred import defer_http_clients, defer_mcpserver, import_sse_without_uvicorn
+                from aggregator.sdk import deferred
 
-                defer_mcpserver()
-                defer_http_clients()  # httpx2 with the first remote upstream (upstream/http_transports.py)
-                import_sse_without_uvicorn()  # uvicorn only with --transport http (downstream/http.py)
+                deferred.defer_mcpserver()
+                deferred.defer_http_clients()  # httpx2 with the first remote upstream (upstream/http_transports.py)
+                if not deferred.defer_http_server():  # starlette and the HTTP app with --transport http only
+                    deferred.import_sse_without_uvicorn()  # else at least no uvicorn (downstream/http.py)
         from aggregator.cli.commands import main as cli_main
 
     return cli_main(argv)

@@ -22,8 +22,9 @@ naming which internal changed (each function below has a test that exercises it 
   costs only its class definitions. It must run before `mcp` is imported, so this module imports
   the SDK only inside its functions.
 - `deferred` (a submodule, `aggregator.sdk.deferred`): `import mcp` imports the high-level
-  `MCPServer` package and with it `cryptography` (9 MB RSS); `serve` never builds one, so it gets a
-  stand-in until first use.
+  `MCPServer` package and with it `cryptography` (9 MB RSS), the HTTP clients with httpx2 (2.4) and
+  the low-level server's HTTP app with starlette (2.8); a stdio `serve` uses none of them, so each
+  gets a stand-in until first use.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ extension alone is 6.4 MB resident). `serve` uses the low-level `Server` only: m
 `defer_mcpserver()`, called before anything imports `mcp`, puts a stand-in package in
 `sys.modules["mcp.server.mcpserver"]`. Its one eagerly read name, `MCPServer`, is a placeholder the
 SDK's own modules bind (`mcp.server`, `mcp.client.client`, `mcp.client._memory`: type hints and
-`isinstance` checks). Anything else asked of the stand-in, or any use of the placeholder (calling,
+`isinstance` checks). Anything else asked of the stand-in, the name asked by any other module (it
+gets the real one: no placeholder is bound where nothing would rebind it), or any use of the
+placeholder (calling,
 subclassing, an attribute, a subscript), imports the real package and puts the real class back in
 those modules, so code that does use `MCPServer` behaves as without the deferral, only later. An
 `isinstance` check against the placeholder loads nothing: without the real class there can be no
@@ -20,10 +22,18 @@ The HTTP client (httpx2, with idna and `importlib.metadata`, ~3 MB RSS): `import
 A stdio `serve` with no remote upstream never uses them: `defer_http_clients()` gives both modules
 the same kind of stand-in, so httpx2 loads with the first remote upstream (or `mcp.Client(url)`).
 
-uvicorn: `import mcp` imports `sse_starlette`, whose import imports uvicorn (click, multiprocessing,
-logging.config: 2.5 MB RSS) only to hook uvicorn's exit handler. `import_sse_without_uvicorn`
-imports `sse_starlette` with uvicorn hidden, so the hook is skipped; `restore_sse_drain` installs
-the same hook when the HTTP transport imports uvicorn itself (`downstream/http.py`).
+The HTTP server (starlette, sse-starlette, python-multipart, the SDK's session manager and its
+server-side OAuth: 2.8 MB RSS): `mcp.server.lowlevel.server` imports them at its top for
+`Server.streamable_http_app` only. `defer_http_server()` gives those twelve modules stand-ins whose
+names the low-level server binds; three of the names are numbers used as default argument values
+(no placeholder can be a number), so their values are restated here, checked against the SDK's by
+`tests/test_sdk_adapter.py`. `--transport http` loads them when it builds the app.
+
+uvicorn: `mcp.server.streamable_http` imports `sse_starlette`, whose import imports uvicorn (click,
+multiprocessing, logging.config: 2.5 MB RSS) only to hook uvicorn's exit handler. When the HTTP
+server cannot be deferred, `import_sse_without_uvicorn` imports `sse_starlette` with uvicorn
+hidden, so the hook is skipped; `restore_sse_drain` installs the same hook when the HTTP transport
+imports uvicorn itself (`downstream/http.py`).
 """
 
 from __future__ import annotations
@@ -46,6 +56,8 @@ class Deferral:
     names: tuple[str, ...]  # read eagerly by `binders`: placeholders until the module loads
     binders: tuple[str, ...]  # SDK modules that bind those names (given the real ones on load)
     home: str = ""  # the module that defines the names, if a submodule (importable under the stand-in)
+    constants: tuple[tuple[str, Any], ...] = ()  # values `binders` read eagerly, restated (a test
+    # in tests/test_sdk_adapter.py checks them against the SDK's): a placeholder cannot be a number
 
     @property
     def defines(self) -> str:
@@ -62,7 +74,37 @@ HTTP_CLIENTS = (
     Deferral("mcp.client.session_group", ("ClientSessionGroup",), ("mcp",)),
     Deferral("mcp.client.streamable_http", ("streamable_http_client",), ("mcp.client.client",)),
 )
-_DEFERRALS = {deferral.module: deferral for deferral in (MCPSERVER, *HTTP_CLIENTS)}
+_LOWLEVEL = ("mcp.server.lowlevel.server",)  # binds names of these only for `Server.streamable_http_app`
+HTTP_SERVER = (
+    Deferral("starlette.applications", ("Starlette",), _LOWLEVEL),
+    Deferral("starlette.middleware", ("Middleware",), _LOWLEVEL),
+    Deferral("starlette.middleware.authentication", ("AuthenticationMiddleware",), _LOWLEVEL),
+    Deferral("starlette.routing", ("Mount", "Route"), _LOWLEVEL),
+    Deferral("mcp.server.auth.middleware.auth_context", ("AuthContextMiddleware",), _LOWLEVEL),
+    Deferral("mcp.server.auth.middleware.bearer_auth", ("BearerAuthBackend", "RequireAuthMiddleware"), _LOWLEVEL),
+    Deferral("mcp.server.auth.provider", ("OAuthAuthorizationServerProvider", "TokenVerifier"), _LOWLEVEL),
+    Deferral(
+        "mcp.server.auth.routes",
+        ("build_resource_metadata_url", "create_auth_routes", "create_protected_resource_routes"),
+        _LOWLEVEL,
+    ),
+    Deferral("mcp.server.auth.settings", ("AuthSettings",), _LOWLEVEL),
+    Deferral("mcp.server.streamable_http", ("EventStore",), _LOWLEVEL),
+    Deferral(
+        "mcp.server.streamable_http_manager",
+        ("StreamableHTTPASGIApp", "StreamableHTTPSessionManager"),
+        _LOWLEVEL,
+        constants=(("DEFAULT_MAX_SESSIONS", 10_000), ("DEFAULT_SESSION_IDLE_TIMEOUT", 30 * 60)),
+    ),
+    Deferral(
+        "mcp.server.transport_security",
+        ("TransportSecuritySettings",),
+        _LOWLEVEL,
+        constants=(("DEFAULT_MAX_REQUEST_BODY_SIZE", 4 * 1024 * 1024),),
+    ),
+)
+_DEFERRALS = {deferral.module: deferral for deferral in (MCPSERVER, *HTTP_CLIENTS, *HTTP_SERVER)}
+_IMPORT_SYSTEM = "importlib._bootstrap"  # its `from package import name` asks `hasattr` first
 
 
 def defer_mcpserver() -> bool:
@@ -77,6 +119,14 @@ def defer_http_clients() -> bool:
     if "mcp" in sys.modules:
         return False
     return all([_defer(deferral) for deferral in HTTP_CLIENTS])
+
+
+def defer_http_server() -> bool:
+    """Keep starlette and the SDK's HTTP server (its app, session manager, OAuth routes) out until
+    `Server.streamable_http_app` runs (`--transport http`); False (nothing done) once `mcp` is imported."""
+    if "mcp" in sys.modules or "starlette" in sys.modules:
+        return False
+    return all([_defer(deferral) for deferral in HTTP_SERVER])
 
 
 def _defer(deferral: Deferral) -> bool:
@@ -129,13 +179,21 @@ def _loaded(deferral: Deferral, name: str) -> Any:
 
 
 class _StandIn(types.ModuleType):
-    """A deferred module until something other than one of its eagerly read names is asked of it."""
+    """A deferred module until anything but one of its eagerly read names is asked of it, or asked
+    by a module other than the SDK's binders (which then gets the real module: a placeholder is
+    never bound where nothing rebinds it)."""
 
     def __getattr__(self, name: str) -> Any:
-        if name in _DEFERRALS[self.__name__].names:
-            return placeholder(self.__name__, name)
         if name == "__path__":  # asked by `from module import name`: a plain module has none (a
             raise AttributeError(name)  # package's is set on the stand-in, so never asked here)
+        deferral = _DEFERRALS[self.__name__]
+        asking = sys._getframe(1).f_globals.get("__name__")
+        if asking in deferral.binders or asking == _IMPORT_SYSTEM:
+            if name in deferral.names:
+                return placeholder(self.__name__, name)
+            constants = dict(deferral.constants)
+            if name in constants:
+                return constants[name]
         return getattr(_load(self.__name__), name)
 
 
