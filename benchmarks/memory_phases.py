@@ -40,16 +40,12 @@ PHASES = [
         "mcp_types public models (built), pydantic's model machinery",
         "from aggregator import sdk; from aggregator.sdk import deferred\n"
         "sdk.defer_wire_model_builds(); deferred.defer_mcpserver(); deferred.defer_http_clients()\n"
+        "deferred.defer_http_server()\n"
         "import mcp_types",
     ),
     ("mcp_types both eras' wire models (deferred)", "import mcp_types.methods"),
     ("anyio and its asyncio backend", "import anyio, anyio._backends._asyncio"),
-    (
-        "starlette, sse-starlette (used by server HTTP only)",
-        "from aggregator.sdk import deferred; deferred.import_sse_without_uvicorn()\n"
-        "import starlette.applications, starlette.routing",
-    ),
-    ("the rest of `import mcp` (server, client, auth)", "import mcp, mcp.client.stdio, mcp.server.stdio"),
+    ("the rest of `import mcp` (its server and client sessions)", "import mcp, mcp.client.stdio, mcp.server.stdio"),
     ("structlog and our logging", "import aggregator.log"),
     ("our config and settings (yaml, platformdirs, models)", "import aggregator.config, aggregator.settings"),
     ("our CLI", "import aggregator.cli.commands"),
@@ -63,6 +59,10 @@ DEFERRED = [  # kept out of a stdio serve: what they would add
     (
         "httpx2 and the SDK's HTTP clients",
         "import mcp.client.client as c, mcp.client.auth; c.streamable_http_client.__name__",
+    ),
+    (
+        "starlette and the SDK's HTTP app (--transport http)",
+        "from mcp.server.lowlevel.server import Server; Server('x').streamable_http_app()",
     ),
     ("the SDK's MCPServer with cryptography", "import mcp.server as s; s.MCPServer.__name__"),
 ]
