@@ -46,3 +46,18 @@ def test_own_tools_mistakes_are_config_errors() -> None:
         parse_config("own_tools: {introspektion: false}\nupstreams: {}\n", "a.yaml")
     with pytest.raises(ConfigError, match="own_tools"):
         parse_config("own_tools: [text_index]\nupstreams: {}\n", "a.yaml")
+
+
+def test_the_call_tool_name_is_spelled_in_one_place() -> None:
+    """The server's task path and the tool family match `catalog_call_tool` through one constant:
+    a rename there cannot leave a second spelling behind (proxy/raw.py keeps its own until merged)."""
+    from aggregator.tools.catalog import CATALOG_CALL
+
+    package = Path(__file__).parent.parent / "aggregator"
+    spelled = {
+        path.relative_to(package).as_posix()
+        for path in package.rglob("*.py")
+        if '"catalog_call_tool"' in path.read_text(encoding="utf-8")
+    }
+    assert spelled - {"proxy/raw.py"} == {"tools/catalog.py"}
+    assert CATALOG_CALL == "catalog_call_tool" and CATALOG_CALL in CATALOG

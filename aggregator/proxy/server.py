@@ -45,7 +45,7 @@ from aggregator.proxy.routing import build_prompt_table
 from aggregator.proxy.sign_in import RETRY, offer_sign_in
 from aggregator.sdk import client_connection, without_tracing
 from aggregator.tools.base import OwnTool, ToolContext, fault_result, invalid_result, text_result
-from aggregator.tools.catalog import CatalogTools
+from aggregator.tools.catalog import CATALOG_CALL, CatalogTools
 from aggregator.tools.introspection import introspection_tools
 from aggregator.tools.text_search import DEFAULT_MAX_K, TextSearchTools
 from aggregator.upstream.pool import ConfigDiff, UpstreamPool
@@ -346,7 +346,7 @@ class AggregatorServer:
             return await self.passthrough.task_request(ctx)
         params = ctx.params or {}
         name, arguments = params.get("name"), params.get("arguments") or {}
-        if name == "catalog_call_tool" and isinstance(arguments, Mapping):
+        if name == CATALOG_CALL and isinstance(arguments, Mapping):
             try:
                 tool = await self.catalog_tools.tool_entry(str(arguments.get("server")), str(arguments.get("tool")))
             except Fault as fault:

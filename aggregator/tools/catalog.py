@@ -28,6 +28,8 @@ from aggregator.tools.base import (
 from aggregator.tools.catalog_search import search_tool
 from aggregator.upstream.pool import UpstreamPool, require_tool
 
+CATALOG_CALL = "catalog_call_tool"  # the one spelling of the call tool's name (server.py and raw.py match it)
+
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 200
 INSTRUCTIONS_CHARS = 4000  # per upstream in catalog_list_servers; the byte cap still applies to the whole list
@@ -102,7 +104,7 @@ class CatalogTools:
             ),
             search_tool(self.pool, self.index, self.max_result_bytes),
             OwnTool(
-                name="catalog_call_tool",
+                name=CATALOG_CALL,
                 description=(
                     "Call a tool of an upstream server with its arguments; returns that tool's own result "
                     "untouched. Find tools with catalog_search_tools, check arguments with "
@@ -183,7 +185,7 @@ class CatalogTools:
             "execution": tool.wire.get("execution"),  # taskSupport "required": call with a `task` param
             "symbol_type": classify_tool(tool.name, self.pool.store.loaded(), self.own_tool_names()).upper(),
             "call_example": {
-                "tool": "catalog_call_tool",
+                "tool": CATALOG_CALL,
                 "arguments": {"server": tool.server, "tool": tool.name, "arguments": example_args},
             },
             **snapshot_fields(catalog),
