@@ -115,7 +115,6 @@ def test_a_mistyped_command_or_client_says_what_was_meant(
         (["auth", "login", "kit", "extra"], "aggregator auth login"),
         (["service", "status", "x"], "aggregator service status"),
         (["tools", "kit", "extra"], "aggregator tools"),
-        (["call", "kit", "echo", "--bogus"], "aggregator call"),
     ],
 )
 def test_a_word_too_many_names_the_help_of_the_command_it_was_given_to(
@@ -124,6 +123,44 @@ def test_a_word_too_many_names_the_help_of_the_command_it_was_given_to(
     done = run_main(capsys, *argv, "--config", str(config))
     word = argv[-1]
     one_line(done, 2, f"{help_of}: error: unrecognized arguments: {word} (see {help_of} --help)")
+
+
+def _commands(parser: argparse.ArgumentParser, words: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command and nested command of `parser` (`serve`, `auth status`, ...) as its words."""
+    found = [words] if words else []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found += _commands(child, (*words, name))
+    return found
+
+
+def test_every_command_names_an_unknown_option_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Not argparse's "the following arguments are required": the option is what the user got wrong."""
+    commands = [words for words in _commands(build_parser()) if words != ("connect",)]
+    assert len(commands) > 20
+    for words in [(), *commands]:
+        done = run_main(capsys, *words, "--bogus-option")
+        prog = " ".join(("aggregator", *words))
+        one_line(done, 2, f"{prog}: error: unknown option '--bogus-option' (see {prog} --help)")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--bogus"], "aggregator: error: unknown option '--bogus' (see aggregator --help)"),
+        (["--confg", "x.yaml", "tools"], "unknown option '--confg'; did you mean '--config'?"),
+        (["--port", "9", "serve"], "'--port' is an option of 'serve': put it after the command"),
+        (["search", "--lmit", "3", "time"], "search: error: unknown option '--lmit'; did you mean '--limit'?"),
+        (["call", "kit", "echo", "--argz", "{}"], "unknown option '--argz'; did you mean '--args'?"),
+        (["auth", "status", "--data-dr", "d"], "unknown option '--data-dr'; did you mean '--data-dir'?"),
+        (["import", "--wrte"], "unknown option '--wrte'; did you mean '--write'?"),
+        (["connect", "--confg", "x.yaml"], "aggregator connect: error: unknown option '--confg'; did you mean"),
+        (["connect", "serve"], "aggregator connect: error: unexpected argument 'serve'"),
+    ],
+)
+def test_a_misspelt_option_says_what_was_meant_as_a_user_sees_it(argv: list[str], said: str) -> None:
+    one_line(run_cli(*argv), 2, said)
 
 
 def test_a_user_sees_one_line_and_a_bare_aggregator_prints_help(config: Path) -> None:
