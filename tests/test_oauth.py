@@ -207,8 +207,8 @@ def test_mcp_remote_entries_import_as_native_oauth_upstreams() -> None:
         "args": ["mcp-remote", "https://x.example/mcp", "--header", "Authorization:${AUTH}"],
         "env": {"AUTH": "Bearer abc"},
     }
-    assert translate(static, "claude") == (
-        {"url": "https://x.example/mcp", "headers": {"Authorization": "Bearer abc"}},
+    assert translate(static, "claude") == (  # the reference stays: the value is the client's secret
+        {"url": "https://x.example/mcp", "headers": {"Authorization": "${AUTH}"}},
         "",
     )
     client = {"client_id": "id1", "client_secret": "s3"}
