@@ -37,8 +37,8 @@ from aggregator.faults import Fault, SignInNeeded
 from aggregator.log import get_logger, redact_text
 from aggregator.sdk import ProgressFn, raw_notify, raw_request
 from aggregator.upstream.catalog_listing import catalog_contents, list_catalog
-from aggregator.upstream.client_sessions import ClientSessions
-from aggregator.upstream.oauth_providers import Authenticator
+from aggregator.upstream.client_sessions import LOST_SETTLE_SECONDS, ClientSessions
+from aggregator.upstream.oauth_providers import Authenticator, uses_oauth
 from aggregator.upstream.oauth_signin import SignInRequired
 from aggregator.upstream.raw_calls import RawCalls, SettleInOrder
 from aggregator.upstream.session import Downstream, NoDownstream, Params, UpstreamSession, Via, offered_names
@@ -75,6 +75,7 @@ class _Run:
     handle: TransportHandle | None = None
     failed: bool = False
     relist: bool = False  # a list_changed arrived before the run was ready
+    finished: anyio.Event = field(default_factory=anyio.Event)  # the owner task is done, its reason recorded
 
 
 class UpstreamConnection:
@@ -208,6 +209,7 @@ class UpstreamConnection:
         finally:
             run.session = None
             run.done.set()
+            run.finished.set()
             if self._run is run:
                 if self._stopping:
                     self.state = State.STOPPED
@@ -525,6 +527,7 @@ class UpstreamConnection:
                         "(the next request opens a new one)",
                     ) from None
                 if lost:
+                    await self._settle_sign_in(run)
                     raise self._call_fault(run, exc) from None
                 raise
         if scope.cancelled_caught:
@@ -532,6 +535,17 @@ class UpstreamConnection:
             raise Fault("timeout", f"{what} did not answer within {budget:g}s (no progress either)")
         self._failures = 0
         return result
+
+    async def _settle_sign_in(self, run: _Run | None) -> None:
+        """The shared session of an OAuth upstream ended during a call: let its owner task record why, so a
+        token refused or signed out (`auth logout`) answers this call with the sign-in needed, not a lost
+        connection and a backoff."""
+        if run is None or not uses_oauth(self.config):
+            return
+        with anyio.move_on_after(LOST_SETTLE_SECONDS):
+            await run.finished.wait()
+        if self.needs_sign_in and self._run is run:
+            raise SignInNeeded(self.name, f"upstream {self.name!r}: {self.last_error}")
 
     def _raw_leg(self, handle: TransportHandle | None, client: Any, params: Params) -> RawCalls | None:
         """The raw requests of the shared stdio session, when this request may bypass the SDK session.

@@ -13,7 +13,7 @@ is ours:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # the providers load when an upstream signs in: their client-
 
 __all__ = [
     "Authenticator",
+    "UntilSignedOut",
     "cli_authenticator",
     "uses_oauth",
 ]
@@ -72,9 +73,16 @@ class Authenticator:
         self, config: UpstreamConfig, offer: Callable[[str], Awaitable[None]] | None = None
     ) -> httpx2.Auth | None:
         """The upstream's provider; `offer`: a sign-in offered while serving, which hands the
-        authorization URL to `offer` instead of a browser (`BrowserStep.offer`)."""
+        authorization URL to `offer` instead of a browser (`BrowserStep.offer`). It stops sending
+        the tokens it holds as soon as `auth logout` removes them (`UntilSignedOut`)."""
         if not uses_oauth(config):
             return None
+        return UntilSignedOut(lambda: self._provider(config, offer))
+
+    def _provider(
+        self, config: UpstreamConfig, offer: Callable[[str], Awaitable[None]] | None
+    ) -> tuple[httpx2.Auth, StoredTokens]:
+        """A new provider of the upstream, which reads its tokens from the store, and its storage."""
         from aggregator.sdk.oauth import OAuthProvider
 
         assert config.url is not None
@@ -83,7 +91,7 @@ class Authenticator:
         scope = union_scopes(" ".join(config.scopes) or None, wanted if isinstance(wanted, str) else None)
         provider: OAuthProvider | ClientCredentialsProvider | PrivateKeyJWTProvider
         if config.auth == "identity_assertion":
-            return _identity_assertion(config, storage, scope)
+            return _identity_assertion(config, storage, scope), storage
         if config.auth == "client_credentials":
             with warnings.catch_warnings():  # the SDK's warning when `issuer` is unset is a raw Python warning
                 warnings.simplefilter("ignore", MCPDeprecationWarning)  # on stderr: `doctor` says it instead
@@ -112,7 +120,7 @@ class Authenticator:
                 client_metadata_url=config.client_metadata_url,
             )
         provider.extra_scope = scope
-        return provider
+        return provider, storage
 
     def _remember_scope(self, config: UpstreamConfig, url: str) -> None:
         """Keep the scopes of a sign-in that could not happen (e.g. a step-up while serving), so that
@@ -135,6 +143,38 @@ class Authenticator:
         if port is not None and config.client_id is None:
             self.store.update(config.name, config.url, client=None)
         return free_port()
+
+
+class UntilSignedOut(httpx2.Auth):
+    """An upstream's OAuth provider that is replaced by a new one once `auth logout` (here or in another
+    process) removed the tokens it holds: the SDK's provider keeps its tokens in memory until they expire,
+    while the new one reads the store, finds none, and needs a sign-in on the very next request. Checking
+    costs one `stat` of the store's stamp per request (`StoredTokens.signed_out`)."""
+
+    requires_response_body = True  # as the SDK's providers: their flow reads error bodies
+
+    def __init__(self, build: Callable[[], tuple[httpx2.Auth, StoredTokens]]) -> None:
+        self._build = build
+        self._provider, self._storage = build()
+
+    @property
+    def provider(self) -> httpx2.Auth:
+        """The SDK provider in use now."""
+        return self._provider
+
+    async def async_auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        if self._storage.signed_out():
+            self._provider, self._storage = self._build()
+        flow = self._provider.async_auth_flow(request)
+        try:
+            outgoing = await flow.__anext__()
+            while True:
+                response = yield outgoing
+                outgoing = await flow.asend(response)
+        except StopAsyncIteration:
+            return
+        finally:
+            await flow.aclose()
 
 
 def cli_authenticator(data_dir: Path, settings: Settings) -> Authenticator:
