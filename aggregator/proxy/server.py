@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ from aggregator.proxy.passthrough import Passthrough, caller_of, for_era
 from aggregator.proxy.raw import RawLane, RawRouter
 from aggregator.proxy.relay import Clients
 from aggregator.proxy.routing import build_prompt_table
-from aggregator.proxy.sign_in import RETRY, offer_sign_in
+from aggregator.proxy.sign_in import RETRY, offer_sign_in, sign_in_link
 from aggregator.sdk import client_connection, without_tracing
 from aggregator.tools.base import OwnTool, ToolContext, fault_result, invalid_result, text_result
 from aggregator.tools.catalog import CATALOG_CALL, CatalogTools
@@ -128,7 +129,9 @@ class AggregatorServer:
             self.index.set_server_metadata(name, *pool.metadata(name))
         self.index.attach(pool.store)
         self.text_search = TextSearchTools(data_dir, max_k=search_max_k, max_result_bytes=max_result_bytes)
-        self.catalog_tools = CatalogTools(pool, self.index, max_result_bytes, lambda: self._own)
+        self.catalog_tools = CatalogTools(
+            pool, self.index, max_result_bytes, lambda: self._own, partial(sign_in_link, pool)
+        )
         families = pool.config.own_tools  # `own_tools:` in the config; the catalog tools always
         self.own_tools: list[OwnTool] = [
             *self.catalog_tools.tools(),

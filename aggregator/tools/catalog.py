@@ -25,7 +25,7 @@ from aggregator.tools.base import (
     json_result,
     snapshot_fields,
 )
-from aggregator.tools.catalog_search import search_tool
+from aggregator.tools.catalog_search import SignInLink, search_tool
 from aggregator.upstream.pool import UpstreamPool, require_tool
 
 CATALOG_CALL = "catalog_call_tool"  # the one spelling of the call tool's name (server.py and raw.py match it)
@@ -50,8 +50,10 @@ class CatalogTools:
         index: ToolSearchIndex,
         max_result_bytes: int,
         own_tool_names: Callable[[], Iterable[str]] = tuple,
+        sign_in_link: SignInLink | None = None,
     ) -> None:
         self.pool = pool
+        self.sign_in_link = sign_in_link  # the link for a client that opens links (a search's `failed`)
         self.index = index
         self.max_result_bytes = max_result_bytes
         self.own_tool_names = own_tool_names  # package `aggregator`, for the apropos classification
@@ -102,7 +104,7 @@ class CatalogTools:
                 handler=_guarded(self.describe_tool),
                 annotations=READ_ONLY,
             ),
-            search_tool(self.pool, self.index, self.max_result_bytes),
+            search_tool(self.pool, self.index, self.max_result_bytes, self.sign_in_link),
             OwnTool(
                 name=CATALOG_CALL,
                 description=(
