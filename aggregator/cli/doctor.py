@@ -178,7 +178,7 @@ async def check_upstreams(
             why = "no issuer: its client credentials go to whichever authorization server the MCP server names"
             fix = "set `issuer` to the URL of your authorization server"
             findings.append(Finding("note", f"upstream {name}", why, fix))
-        problem = _command_problem(upstream) if upstream.transport == "stdio" else await _url_problem(upstream)
+        problem = command_problem(upstream) if upstream.transport == "stdio" else await _url_problem(upstream)
         if problem is not None:
             findings.append(problem)
         else:
@@ -226,7 +226,8 @@ def _unprobed(upstream: UpstreamConfig, store: Any) -> Finding:
     return Finding("ok", subject, f"found (not probed); {state}")
 
 
-def _command_problem(upstream: UpstreamConfig) -> Finding | None:
+def command_problem(upstream: UpstreamConfig) -> Finding | None:
+    """Why a stdio upstream's command cannot start here (not on PATH, not executable, no cwd), else None."""
     subject = f"upstream {upstream.name}"
     command = upstream.command or ""
     search_path = upstream.env.get("PATH", os.environ.get("PATH", ""))
