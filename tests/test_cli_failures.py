@@ -148,6 +148,19 @@ def test_every_command_names_an_unknown_option_in_one_line(capsys: pytest.Captur
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
+        (["search", " "], "aggregator search: 'query' must not be empty or whitespace"),
+        (["search", "time", "--limit", "0"], "aggregator search: 'limit' must be in 1..50, got 0"),
+    ],
+)
+def test_a_search_mistake_names_the_command(
+    config: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    one_line(run_main(capsys, *argv, "--config", str(config)), 2, said)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
         (["--bogus"], "aggregator: error: unknown option '--bogus' (see aggregator --help)"),
         (["--confg", "x.yaml", "tools"], "unknown option '--confg'; did you mean '--config'?"),
         (["--port", "9", "serve"], "'--port' is an option of 'serve': put it after the command"),
@@ -159,19 +172,6 @@ def test_every_command_names_an_unknown_option_in_one_line(capsys: pytest.Captur
         (["connect", "serve"], "aggregator connect: error: unexpected argument 'serve'"),
     ],
 )
-@pytest.mark.parametrize(
-    ("argv", "said"),
-    [
-        (["search", " "], "aggregator search: 'query' must not be empty or whitespace"),
-        (["search", "time", "--limit", "0"], "aggregator search: 'limit' must be in 1..50, got 0"),
-    ],
-)
-def test_a_search_mistake_names_the_command(
-    config: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
-) -> None:
-    one_line(run_main(capsys, *argv, "--config", str(config)), 2, said)
-
-
 def test_a_misspelt_option_says_what_was_meant_as_a_user_sees_it(argv: list[str], said: str) -> None:
     one_line(run_cli(*argv), 2, said)
 
