@@ -168,6 +168,7 @@ def test_a_search_mistake_names_the_command(
         (["call", "kit", "echo", "--argz", "{}"], "unknown option '--argz'; did you mean '--args'?"),
         (["auth", "status", "--data-dr", "d"], "unknown option '--data-dr'; did you mean '--data-dir'?"),
         (["import", "--wrte"], "unknown option '--wrte'; did you mean '--write'?"),
+        (["install", "claude"], "invalid choice: 'claude'; did you mean 'claude-code' or 'claude-desktop'?"),
         (["connect", "--confg", "x.yaml"], "aggregator connect: error: unknown option '--confg'; did you mean"),
         (["connect", "serve"], "aggregator connect: error: unexpected argument 'serve'"),
     ],

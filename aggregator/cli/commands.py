@@ -96,13 +96,17 @@ def _with_suggestion(message: str) -> str:
     if found is None:
         return message
     choices = re.findall(r"'([^']*)'", found["choices"]) or found["choices"].split(", ")
-    guess = closest(found["word"], choices)
+    word = found["word"]
     what = (
         "unknown command" if message.startswith("argument COMMAND:") else f"{message[: found.start()]}invalid choice:"
     )
+    starting = sorted(choice for choice in choices if word and choice.startswith(word))
+    if len(starting) > 1:  # `install claude`: claude-code or claude-desktop, not the closer spelling alone
+        return f"{what} {word!r}; did you mean {' or '.join(repr(choice) for choice in starting)}?"
+    guess = closest(word, choices)
     if guess is None:
-        return f"{what} {found['word']!r} (choose from {', '.join(choices)})"
-    return f"{what} {found['word']!r}; did you mean {guess!r}?"
+        return f"{what} {word!r} (choose from {', '.join(choices)})"
+    return f"{what} {word!r}; did you mean {guess!r}?"
 
 
 def _port(text: str) -> int:
