@@ -199,3 +199,9 @@ def test_a_second_install_keeps_the_carried_values_and_renames_a_clash(tmp_path:
     upstreams = load_config(home.config, environ=entry["env"]).upstreams
     assert upstreams["one"].headers == {"Authorization": "Bearer A"}
     assert upstreams["two-x"].headers == {"Authorization": "Bearer B"}
+    doctor = home.run("doctor", "--no-probe")  # in a shell without the tokens: the client has them
+    assert "PROBLEM upstream one" not in doctor.stdout and "AUTH_TOKEN is referenced" not in doctor.stdout
+    assert "note    upstream two-x: ${AUTH_TOKEN_TWO_X} is not set in this shell (the aggregator entry of" in (
+        doctor.stdout
+    )
+    assert "Bearer B" not in doctor.stdout
