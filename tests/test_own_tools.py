@@ -61,3 +61,19 @@ def test_the_call_tool_name_is_spelled_in_one_place() -> None:
     }
     assert spelled - {"proxy/raw.py"} == {"tools/catalog.py"}
     assert CATALOG_CALL == "catalog_call_tool" and CATALOG_CALL in CATALOG
+
+
+async def test_a_misspelt_tool_or_server_name_gets_a_did_you_mean(tmp_path: Path) -> None:
+    """What a model misspells (a tool name one letter off, a server name) is answered with the name it meant,
+    as the command line does."""
+    config = write_config(tmp_path, {"kit": kit_upstream()})
+    async with aggregator_client(config) as session:
+        tool = await session.call_tool("catalog_call_tools", {"server": "kit", "tool": "echo"})
+        assert tool.is_error and "no tool named 'catalog_call_tools'; did you mean 'catalog_call_tool'?" in (
+            tool.content[0].text  # type: ignore[union-attr]
+        )
+        server = await session.call_tool("catalog_list_tools", {"server": "kti"})
+        assert server.is_error
+        assert "no upstream named 'kti'; did you mean 'kit'? (known: kit)" in server.content[0].text  # type: ignore[union-attr]
+        far = await session.call_tool("catalog_list_tools", {"server": "zzzz"})
+        assert "did you mean" not in far.content[0].text  # type: ignore[union-attr]

@@ -45,6 +45,7 @@ from aggregator.proxy.relay import Clients
 from aggregator.proxy.routing import build_prompt_table
 from aggregator.proxy.sign_in import RETRY, offer_sign_in, sign_in_link
 from aggregator.sdk import client_connection, without_tracing
+from aggregator.suggest import closest
 from aggregator.tools.base import OwnTool, ToolContext, fault_result, invalid_result, text_result
 from aggregator.tools.catalog import CATALOG_CALL, CatalogTools
 from aggregator.tools.introspection import introspection_tools
@@ -406,7 +407,9 @@ class AggregatorServer:
                     origin=tool_ctx.origin,
                 )
                 return _call_result(result, protocol_version)
-            return fault_result(Fault("unknown_tool", f"no tool named {name!r}; use catalog_search_tools"))
+            guess = closest(name, [*self._own, *self._direct])
+            hint = f"; did you mean {guess!r}?" if guess else ""
+            return fault_result(Fault("unknown_tool", f"no tool named {name!r}{hint}; use catalog_search_tools"))
         except SignInNeeded:
             raise
         except Fault as fault:
