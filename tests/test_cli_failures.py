@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aggregator.cli.commands import build_parser
 from aggregator.table import count
@@ -304,3 +306,18 @@ def test_an_unexpected_error_is_one_line_too(
     monkeypatch.setattr(calls, "_tools", broken)
     config = write_config(tmp_path, {"kit": kit_upstream()})
     one_line(run_main(capsys, "tools", "--config", str(config)), 1, "unexpected RuntimeError: injected", "report")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet="-=abcdeglnoprstuvwxy ", max_size=12), max_size=6))
+def test_unknown_option_reads_any_words_without_failing(words: list[str]) -> None:
+    """Whatever a user types, the check answers None or one line naming a word they typed; known options
+    (with their values) are never reported."""
+    from aggregator.cli.commands import unknown_option
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for each in (parser, commands["search"], commands["call"]):
+        said = unknown_option(each, words)
+        assert said is None or ("\n" not in said and any(w.partition("=")[0] in said for w in words if w))
+    assert unknown_option(commands["search"], ["--limit", "--json", "--load", "--explain", "q"]) is None

@@ -205,3 +205,16 @@ def test_a_second_install_keeps_the_carried_values_and_renames_a_clash(tmp_path:
         doctor.stdout
     )
     assert "Bearer B" not in doctor.stdout
+
+
+def test_installing_a_carried_token_for_the_shared_service_says_when_the_service_sees_it(tmp_path: Path) -> None:
+    """The shared service has the environment of the `connect` that started it (docs/service.md)."""
+    header = ["--header", "Authorization: Bearer ${AUTH_TOKEN}"]
+    remote = {"command": "npx", "args": ["mcp-remote", "https://a.example/mcp", *header], "env": {"AUTH_TOKEN": "t-9f"}}
+    home = Home(tmp_path, "claude-desktop", json.dumps({"mcpServers": {"one": remote}}))
+    done = home.run("install", "claude-desktop")
+    assert done.returncode == 0 and "t-9f" not in done.stdout + done.stderr, done.stderr
+    assert "note: the aggregator entry's env holds AUTH_TOKEN; the shared service sees it only if claude-desktop" in (
+        done.stdout
+    )
+    assert json.loads(home.file.read_text())["mcpServers"]["aggregator"]["args"][-3] == "connect"

@@ -364,6 +364,20 @@ def install_client(
         f"{file.client}: {file.path} now starts the aggregator with {target}; {count(moved, 'server')} moved behind it"
         + (f", {len(keep)} kept in the client ({', '.join(keep)}: see import)" if keep else "")
         + f". Original kept as {saved}; undo with: aggregator uninstall {file.client}"
+        + (_shared_env_note(env, file.client) if shared else "")
+    )
+
+
+def _shared_env_note(env: dict[str, str], client: str) -> str:
+    """The shared service has the environment of the `connect` that started it: variables carried into this
+    client's entry reach it only when this client starts it (docs/import-secrets.md)."""
+    if not env:
+        return ""
+    names = ", ".join(sorted(env))
+    them = "it" if len(env) == 1 else "them"
+    return (
+        f"\nnote: the aggregator entry's env holds {names}; the shared service sees {them} only if {client} starts "
+        f"it (stop a running one with: aggregator service stop; or use: aggregator install {client} --serve)"
     )
 
 
