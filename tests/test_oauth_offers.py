@@ -337,3 +337,27 @@ async def test_a_search_that_loads_offers_the_link_beside_the_upstream_to_that_c
         again = structured(await c.call_tool("catalog_search_tools", search))
         assert "failed" not in again or again["failed"] == []
         assert ("remote", "echo") in {(r["server"], r["tool"]) for r in again["results"]}
+
+
+async def test_a_search_link_reaches_only_the_client_that_searched(
+    server: AuthServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Two clients that open links search at once through one HTTP aggregator: the first is offered the link;
+    the second sees no link of it (a sign-in is under way elsewhere), and only the first hears the completion."""
+    from tests.conftest import structured
+
+    config, env = remote(tmp_path, server)
+    a, b = Host(), Host()
+    search = {"query": "echo", "load": True}
+    async with http_clients(config, env, a, b) as (_url, (client_a, client_b)):
+        with anyio.fail_after(WAIT):
+            [offered] = structured(await client_a.call_tool("catalog_search_tools", search))["failed"]
+            [other] = structured(await client_b.call_tool("catalog_search_tools", search))["failed"]
+        assert offered["sign_in_url"] and "sign_in_url" not in other
+        assert offered["sign_in_url"] not in json.dumps(other) and "under way in another client" in other["message"]
+        await open_link(offered["sign_in_url"])
+        with anyio.fail_after(WAIT):
+            await a.complete.wait()
+        await anyio.sleep(0.2)
+        assert a.completed == [offered["elicitation_id"]] and b.completed == []

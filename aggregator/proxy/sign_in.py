@@ -59,16 +59,16 @@ async def offer_sign_in(pool: UpstreamPool, fault: SignInNeeded, origin: Any) ->
     raise UrlElicitationRequiredError([link], f"sign-in to upstream {fault.upstream!r} needed: open the link")
 
 
-async def sign_in_link(pool: UpstreamPool, fault: SignInNeeded, origin: Any) -> dict[str, str] | None:
+async def sign_in_link(pool: UpstreamPool, fault: SignInNeeded, origin: Any) -> dict[str, str] | str | None:
     """The sign-in link offered to the client of `origin` alone, for an answer that must not fail as a
     whole because of one upstream (`catalog_search_tools` with `load: true` lists it beside that
-    upstream): `{url, elicitation_id}`; the completion reaches that client as for -32042. None when
-    the client does not open links, or no link can be offered now (another client's sign-in is under
-    way; the stored tokens serve after all): the fault's message then stands."""
+    upstream): `{url, elicitation_id}`; the completion reaches that client as for -32042. A sentence
+    when no link can be offered to it now (another client's sign-in is under way); None when the
+    client does not open links or the stored tokens serve after all: the fault's message stands."""
     offer = await _offer(pool, fault, origin)
-    if offer is None or isinstance(offer, str) or offer.url is None:
-        return None
-    return {"url": offer.url, "elicitation_id": offer.elicitation_id}
+    if offer is None or isinstance(offer, str):
+        return offer
+    return None if offer.url is None else {"url": offer.url, "elicitation_id": offer.elicitation_id}
 
 
 async def _offer(pool: UpstreamPool, fault: SignInNeeded, origin: Any) -> Offer | str | None:

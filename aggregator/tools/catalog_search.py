@@ -64,7 +64,7 @@ INPUT_SCHEMA: dict[str, Any] = {
 }
 
 
-SignInLink = Callable[[SignInNeeded, Any], Awaitable[dict[str, str] | None]]
+SignInLink = Callable[[SignInNeeded, Any], Awaitable[dict[str, str] | str | None]]
 """The sign-in link offered to the client of a request's origin alone (`proxy/sign_in.sign_in_link`)."""
 
 
@@ -151,6 +151,8 @@ async def _offered(sign_in_link: SignInLink, origin: Any, needed: SignInNeeded) 
     link = await sign_in_link(needed, origin)
     if link is None:
         return entry
+    if isinstance(link, str):  # no link for this client now: why (a sign-in under way in another client)
+        return entry | {"message": f"{needed.message} ({link})"}
     said = f"sign-in needed: the user can open sign_in_url to sign in to {needed.upstream!r}, then search again"
     return entry | {"message": said, "sign_in_url": link["url"], "elicitation_id": link["elicitation_id"]}
 
