@@ -321,3 +321,16 @@ def test_unknown_option_reads_any_words_without_failing(words: list[str]) -> Non
         said = unknown_option(each, words)
         assert said is None or ("\n" not in said and any(w.partition("=")[0] in said for w in words if w))
     assert unknown_option(commands["search"], ["--limit", "--json", "--load", "--explain", "q"]) is None
+
+
+def test_a_missing_launcher_says_what_provides_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A new machine often lacks uv or Node.js: the start error and doctor name what to install, not only
+    the command (its PATH here is an empty directory, so uvx is missing wherever the test runs)."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    entry = {"command": "uvx", "args": ["mcp-server-time"], "env": {"PATH": str(empty)}}
+    config = write_config(tmp_path, {"time": entry})
+    started = run_main(capsys, "tools", "time", "--config", str(config), "--data-dir", str(tmp_path / "data"))
+    one_line(started, 1, "command not found: uvx (install uv, which provides uvx: https://docs.astral.sh/uv/)")
+    doctor = run_main(capsys, "doctor", "--no-probe", "--config", str(config), "--data-dir", str(tmp_path / "data"))
+    assert "Fix: install uv, which provides uvx: https://docs.astral.sh/uv/, or give its absolute path" in doctor.stdout

@@ -32,6 +32,7 @@ from aggregator.config.load import load_config, written_servers
 from aggregator.settings import Settings, resolve_data_dir
 from aggregator.table import count
 from aggregator.upstream.oauth_signin import login_command
+from aggregator.upstream.start_errors import install_hint
 
 __all__ = ["register"]
 
@@ -251,9 +252,8 @@ def command_problem(upstream: UpstreamConfig) -> Finding | None:
         if not os.access(command, os.X_OK) or not Path(command).is_file():
             return Finding("problem", subject, f"{command} is not an executable file", "install it or correct command")
     elif shutil.which(command, path=search_path) is None:
-        return Finding(
-            "problem", subject, f"command {command!r} is not on PATH", "install it, or give its absolute path"
-        )
+        how = install_hint(command) or "install it"
+        return Finding("problem", subject, f"command {command!r} is not on PATH", f"{how}, or give its absolute path")
     return None
 
 
