@@ -51,11 +51,11 @@ from aggregator.downstream.client_messages import (
     refuse_oversized,
 )
 from aggregator.log import get_logger
+from aggregator.pipe_reader import READ_CHUNK, PipeReader
 from aggregator.wire import encode
 
 log = get_logger(__name__)
 
-READ_CHUNK = 1 << 16
 FLUSH_SECONDS = 5.0
 LONG_LIVED = frozenset({"subscriptions/listen"})  # open for the whole session: not waited for at EOF
 
@@ -286,21 +286,26 @@ async def wire_streams(
             tg.cancel_scope.cancel()
 
 
-async def _read_chunk(wire: Wire) -> bytes:
-    """The next bytes of stdin; b"" at EOF or on a read error."""
-    if not wire.poll_in:
+class _ThreadReads:
+    """Reads of a descriptor the event loop cannot poll (a regular file, /dev/null), in a worker thread."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    async def receive(self) -> bytes:
+        """The next bytes; b"" at EOF or on a read error."""
         try:
-            return await anyio.to_thread.run_sync(os.read, wire.fd_in, READ_CHUNK, abandon_on_cancel=True)
+            return await anyio.to_thread.run_sync(os.read, self._fd, READ_CHUNK, abandon_on_cancel=True)
         except OSError:
             return b""
-    while True:
-        await anyio.wait_readable(wire.fd_in)
-        try:
-            return os.read(wire.fd_in, READ_CHUNK)
-        except BlockingIOError:
-            continue
-        except OSError:
-            return b""
+
+    def close(self) -> None:
+        pass
+
+
+def _chunks_of(wire: Wire) -> PipeReader | _ThreadReads:
+    """What reads the client's bytes: a reader that stays registered with the loop where it can poll."""
+    return PipeReader(wire.fd_in) if wire.poll_in else _ThreadReads(wire.fd_in)
 
 
 async def _read_messages(
@@ -315,13 +320,14 @@ async def _read_messages(
 ) -> None:
     """Newline-delimited JSON-RPC from stdin until EOF, then drain; refusals are answered here."""
     splitter = SkippingLineSplitter()
+    chunks = _chunks_of(wire)
     with scope:
         async with sink, replies, anyio.create_task_group() as tg:
             inbound = _Inbound(sink, replies, in_flight, lane, tg)
             tg.start_soon(inbound.forward)
             try:
                 while not in_flight.closed:
-                    chunk, early = early or await _read_chunk(wire), b""
+                    chunk, early = early or await chunks.receive(), b""
                     if not chunk:
                         break
                     for item in splitter.feed(chunk):
@@ -331,6 +337,7 @@ async def _read_messages(
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # stdout is gone: the session is over
             finally:
+                chunks.close()
                 tg.cancel_scope.cancel()
 
 

@@ -33,9 +33,10 @@ from mcp.shared.message import SessionMessage
 
 from aggregator.config import UpstreamConfig
 from aggregator.log import get_logger, redact_text
+from aggregator.pipe_reader import PipeReader
 from aggregator.safetext import SurrogateEscapes
 from aggregator.sdk import HTTP_TIMEOUT_SECONDS, SSE_READ_TIMEOUT_SECONDS
-from aggregator.upstream.guard_client import open_guarded_process
+from aggregator.upstream.guard_client import PipeReceive, open_guarded_process
 from aggregator.upstream.raw_calls import LineWriter, RawCalls
 from aggregator.upstream.server_messages import parse_upstream_line
 from aggregator.wire import LineSplitter, MessageTooLarge, encode, error_answer
@@ -373,8 +374,9 @@ async def _read_stdout(
     assert process.stdout is not None
     splitter = LineSplitter(handle.limit)
     raw = handle.raw
+    chunks = _chunks_of(process.stdout)
     try:
-        async for chunk in process.stdout:
+        while chunk := await chunks.receive():
             for line in splitter.feed(chunk):
                 if line.strip() and not (raw is not None and await raw.claim(line)):
                     await to_session.send(parse_upstream_line(line))
@@ -386,8 +388,32 @@ async def _read_stdout(
     except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
         pass
     finally:
+        chunks.close()
         _closed(handle)
         await to_session.aclose()  # the session sees the end and fails pending requests
+
+
+class _StreamChunks:
+    """An anyio byte stream read as `PipeReader` is: b"" at its end."""
+
+    def __init__(self, stream: anyio.abc.ByteReceiveStream) -> None:
+        self._stream = stream
+
+    async def receive(self) -> bytes:
+        try:
+            return await self._stream.receive()
+        except anyio.EndOfStream:
+            return b""
+
+    def close(self) -> None:
+        pass
+
+
+def _chunks_of(stdout: anyio.abc.ByteReceiveStream) -> PipeReader | _StreamChunks:
+    """The upstream's stdout read by a reader that stays registered with the event loop (the guard's
+    pipe, whose descriptor it keeps in `_fd`); any other stream (off Linux) as anyio reads it."""
+    fd = getattr(stdout, "_fd", None) if isinstance(stdout, PipeReceive) else None
+    return PipeReader(fd) if isinstance(fd, int) else _StreamChunks(stdout)
 
 
 def _closed(handle: TransportHandle) -> None:
