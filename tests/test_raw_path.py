@@ -10,7 +10,9 @@ serves a line-based client (tests/raw_harness.py).
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import socket
 import sys
 from collections.abc import Iterator
@@ -331,6 +333,40 @@ def test_a_dead_or_oversized_upstream_fails_the_call_as_on_the_full_path(tmp_pat
             # No tools/list came first: the first direct call starts the direct upstreams on the full path
             # (lazy start), the next rawkit call goes raw, and twin's never do.
             assert (server.raw.taken, server.raw.fallbacks) == (1, {"target": 1, "call_path": 2})
+
+    anyio.run(scenario)
+
+
+def test_an_upstream_killed_with_raw_calls_in_flight_fails_each_of_them_at_once(tmp_path: Path) -> None:
+    """SIGKILL to the upstream while three raw calls wait on it: each gets the lost-upstream fault
+    (no hang until the call timeout), nothing is left in flight, and the next call starts it again."""
+    config = twin_config(tmp_path)
+
+    async def scenario() -> None:
+        async with raw_bench(config) as (server, client):
+            pid = int((await client.call("rawkit__pid"))["result"]["content"][0]["text"])
+            taken = server.raw.taken
+            answers = [client.expect(f"slow-{i}") for i in range(3)]
+            call = {"name": "rawkit__slow", "arguments": {"seconds": 30, "steps": 0}}
+            for i in range(3):
+                await client.send({"jsonrpc": "2.0", "id": f"slow-{i}", "method": "tools/call", "params": call})
+            with anyio.fail_after(5):
+                while server.pool.connection("rawkit").busy < 3:
+                    await anyio.sleep(0.01)
+            os.kill(pid, signal.SIGKILL)
+            with anyio.fail_after(CALL_TIMEOUT * 0.9):  # sooner than the call timeout: not a timeout
+                faults = [await answer.receive() for answer in answers]
+            for fault in faults:
+                assert fault["result"]["isError"] is True, fault
+                text = fault["result"]["content"][0]["text"]
+                assert "upstream_error" in text and "exited" in text, text
+            assert server.raw.taken == taken + 3
+            with anyio.fail_after(5):
+                while server.pool.connection("rawkit").busy:
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.3)  # past the backoff of the failure
+            again = await client.call("rawkit__echo", {"message": "again"})
+            assert again["result"]["content"][0]["text"] == "again", again
 
     anyio.run(scenario)
 
