@@ -24,6 +24,7 @@ answered with an error, and every answer is flushed before we return.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import selectors
@@ -180,7 +181,7 @@ class Outbox:
     def __init__(self, wire: Wire, queue: MemoryObjectSendStream[SessionMessage | bytes]) -> None:
         self.wire = wire
         self.queue = queue
-        self.lock = anyio.Lock(fast_acquire=True)
+        self.lock = asyncio.Lock()  # not anyio's: its uncontended acquire still looks up the backend
         self.gone: Callable[[OSError], None] = lambda exc: None  # the writer's reaction to a closed stdout
 
     async def send(self, line: bytes) -> None:

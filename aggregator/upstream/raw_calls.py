@@ -111,7 +111,7 @@ class LineWriter:
 
     def __init__(self, stream: anyio.abc.ByteSendStream, on_broken: Callable[[], None] = lambda: None) -> None:
         self._stream = stream
-        self._lock = anyio.Lock(fast_acquire=True)
+        self._lock = asyncio.Lock()  # not anyio's: its uncontended acquire still looks up the backend
         self._on_broken = on_broken
 
     async def send(self, line: bytes) -> None:
