@@ -8,6 +8,10 @@ that waits in `receive`. When that buffer is full (the consumer is slower than t
 descriptor is unregistered until the consumer has taken a chunk, so memory stays bounded and a
 peer that writes too fast is held back by its full pipe, as before.
 
+`eager` (optional) may take a chunk right in the callback, when the consumer is waiting with
+nothing buffered: the upstream reader settles a raw answer there (`RawCalls.settle_now`), a loop
+turn and a task wake-up sooner than through the reader task.
+
 asyncio only (the aggregator's backend); `close` unregisters, and must be called before whoever
 owns the descriptor closes it.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import deque
+from collections.abc import Callable
 
 from aggregator.log import get_logger
 
@@ -29,9 +34,10 @@ MAX_BUFFERED = 4  # chunks read ahead of the consumer before reading pauses
 class PipeReader:
     """Chunks of bytes from `fd` as they arrive; b"" once at the end (EOF or a read error)."""
 
-    def __init__(self, fd: int, chunk: int = READ_CHUNK) -> None:
+    def __init__(self, fd: int, chunk: int = READ_CHUNK, eager: Callable[[bytes], bool] | None = None) -> None:
         self._fd = fd
         self._chunk = chunk
+        self._eager = eager
         self._loop = asyncio.get_running_loop()
         self._chunks: deque[bytes] = deque()
         self._waiter: asyncio.Future[None] | None = None
@@ -57,6 +63,8 @@ class PipeReader:
         except OSError as exc:  # a read error ends the stream, as EOF does
             log.debug("read failed; treated as the end", fd=self._fd, error=str(exc))
             data = b""
+        if data and self._eager is not None and self._waiter is not None and not self._chunks and self._took(data):
+            return
         self._chunks.append(data)
         if not data:
             self._ended = True
@@ -66,6 +74,16 @@ class PipeReader:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def _took(self, data: bytes) -> bool:
+        """Whether `eager` took `data` here, in the callback (a loop turn and a task wake-up sooner). It
+        is offered only what the consumer would read next while it waits with nothing buffered, so
+        nothing read before is still being handled; a failure leaves the chunk to the consumer."""
+        try:
+            return self._eager is not None and self._eager(data)
+        except Exception as exc:
+            log.warning("eager reading failed; the chunk is read as usual", error=f"{type(exc).__name__}: {exc}"[:300])
+            return False
 
     async def receive(self) -> bytes:
         """The next chunk, waiting for it if needed; b"" at the end (and on every call after it)."""

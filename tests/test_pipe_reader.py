@@ -156,3 +156,41 @@ async def test_the_upstream_stdout_of_the_guard_is_read_by_a_pipe_reader() -> No
             chunks.close()
     finally:
         await process.aclose()
+
+
+async def test_eager_takes_a_chunk_only_while_the_consumer_waits_and_a_failure_loses_nothing() -> None:
+    taken: list[bytes] = []
+
+    def eager(data: bytes) -> bool:
+        if data == b"boom":
+            raise RuntimeError("a bug in the eager reader")
+        if data.startswith(b"take"):
+            taken.append(data)
+            return True
+        return False
+
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    reader = PipeReader(read, eager=eager)
+    try:
+        os.write(write, b"take-before")  # read while nobody waits: kept for the consumer
+        await anyio.sleep(0.02)
+        with anyio.fail_after(5):
+            assert await reader.receive() == b"take-before"
+        got: list[bytes] = []
+
+        async def consume() -> None:
+            got.append(await reader.receive())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consume)
+            await anyio.sleep(0.02)
+            os.write(write, b"take-1")  # the consumer waits with nothing buffered: taken in the callback
+            await anyio.sleep(0.05)
+            assert taken == [b"take-1"] and got == []
+            os.write(write, b"boom")  # the eager reader fails: the consumer still gets the chunk
+        assert got == [b"boom"]
+    finally:
+        reader.close()
+        os.close(read)
+        os.close(write)

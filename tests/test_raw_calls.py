@@ -219,3 +219,40 @@ def test_whatever_the_upstream_sends_each_waiter_ends_with_its_own_first_answer(
         assert not calls._pending
 
     anyio.run(main, backend="asyncio")
+
+
+async def test_an_answer_is_settled_at_once_only_when_nothing_is_before_it() -> None:
+    """`settle_now` (the read callback's way): a plain answer settles at once; after a line the SDK
+    session may not have dispatched yet, it is refused untouched and goes the ordered way."""
+    to_session, from_reader = anyio.create_memory_object_stream[Any](4)
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    try:
+        async with to_session, from_reader, anyio.create_task_group() as tg:
+            calls = RawCalls(LineWriter(PipeSend(write)), tg.start_soon, to_session)
+            got: list[Any] = []
+
+            async def one() -> None:
+                got.append(await calls.request("tools/call", {"name": "t"}, budget=5))
+
+            for _ in range(2):
+                tg.start_soon(one)
+            first, second = await Upstream(read, calls).lines(2)
+            answer = {"jsonrpc": "2.0", "id": first["id"], "result": {"n": 1}}
+            assert not calls.settle_now(json.dumps({**answer, "id": 5}).encode())  # the SDK's id
+            assert not calls.settle_now(b'{"jsonrpc": "2.0", "method": "notifications/message", "params": {}}')
+            assert calls.settle_now(json.dumps(answer).encode())
+            calls.forwarded()  # a log line went to the session, not yet dispatched
+            late = json.dumps({**answer, "id": second["id"]}).encode()
+            assert not calls.settle_now(late)
+            assert second["id"] in calls._pending and not calls._pending[second["id"]].future.done()
+            assert await calls.claim(late)  # the ordered way: behind the log line, through the session
+            marker = await from_reader.receive()
+            marker.apply()
+            with anyio.fail_after(5):
+                while len(got) < 2:
+                    await anyio.sleep(0.005)
+            assert got == [{"n": 1}, {"n": 1}]
+    finally:
+        os.close(read)
+        os.close(write)

@@ -222,6 +222,20 @@ class RawCalls:
             await self._settle_in_order(*settled)
         return claimed
 
+    def settle_now(self, line: bytes) -> bool:
+        """`claim` for an answer, at once: from the reader's callback (`pipe_reader.PipeReader`), without
+        waking the reader task. Only when the SDK session has dispatched every line before it (else the
+        settling must go behind them, `_settle_in_order`); False: not taken, nothing changed."""
+        if not self._pending or _MARK not in line or (self._session is not None and self._caught_up != self._forwarded):
+            return False
+        data = _fast_parse(line)
+        if data is None or "method" in data:
+            return False
+        claimed, settled = self._claim_answer(data, line)
+        if settled is not None:
+            settled[0].settle(settled[1])
+        return claimed
+
     def forwarded(self) -> None:
         """The reader handed a line to the SDK session (see `_settle_in_order`)."""
         self._forwarded += 1

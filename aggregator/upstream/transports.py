@@ -374,7 +374,7 @@ async def _read_stdout(
     assert process.stdout is not None
     splitter = LineSplitter(handle.limit)
     raw = handle.raw
-    chunks = _chunks_of(process.stdout)
+    chunks = _chunks_of(process.stdout, _answer_now(splitter, raw, handle.limit) if raw is not None else None)
     try:
         while chunk := await chunks.receive():
             for line in splitter.feed(chunk):
@@ -409,11 +409,27 @@ class _StreamChunks:
         pass
 
 
-def _chunks_of(stdout: anyio.abc.ByteReceiveStream) -> PipeReader | _StreamChunks:
+def _chunks_of(
+    stdout: anyio.abc.ByteReceiveStream, eager: Callable[[bytes], bool] | None = None
+) -> PipeReader | _StreamChunks:
     """The upstream's stdout read by a reader that stays registered with the event loop (the guard's
     pipe, whose descriptor it keeps in `_fd`); any other stream (off Linux) as anyio reads it."""
     fd = getattr(stdout, "_fd", None) if isinstance(stdout, PipeReceive) else None
-    return PipeReader(fd) if isinstance(fd, int) else _StreamChunks(stdout)
+    return PipeReader(fd, eager=eager) if isinstance(fd, int) else _StreamChunks(stdout)
+
+
+def _answer_now(splitter: LineSplitter, raw: RawCalls, limit: int) -> Callable[[bytes], bool]:
+    """A chunk that is exactly one whole line answering a raw request, settled in the read callback."""
+
+    def take(chunk: bytes) -> bool:
+        return (
+            splitter.between_lines
+            and len(chunk) <= limit
+            and chunk.find(b"\n") == len(chunk) - 1
+            and raw.settle_now(chunk[:-1])
+        )
+
+    return take
 
 
 def _closed(handle: TransportHandle) -> None:
