@@ -31,6 +31,14 @@ READ_CHUNK = 1 << 16
 MAX_BUFFERED = 4  # chunks read ahead of the consumer before reading pauses
 
 
+def whole_line(chunk: bytes, limit: int) -> bytes | None:
+    """`chunk` without its newline if it is exactly one line and at most `limit` bytes, else None.
+    (An eager reader takes only such a chunk; anything else goes to the line splitter.)"""
+    if not chunk or len(chunk) > limit or chunk.find(b"\n") != len(chunk) - 1:
+        return None
+    return chunk[:-1]
+
+
 class PipeReader:
     """Chunks of bytes from `fd` as they arrive; b"" once at the end (EOF or a read error)."""
 

@@ -15,8 +15,8 @@ from aggregator.downstream.client_messages import (
     Oversized,
     Refusal,
     SkippingLineSplitter,
-    _plain_request,
     parse_client_line,
+    plain_request,
     top_level_id,
 )
 
@@ -94,12 +94,12 @@ _envelopes = st.one_of(_requests, _odd)
 
 
 @given(_envelopes, st.sampled_from([None, 2]), st.booleans())
-def test_a_plain_request_is_read_as_the_message_union_reads_it(
+def test_aplain_request_is_read_as_the_message_union_reads_it(
     envelope: dict[str, Any], indent: int | None, ascii_only: bool
 ) -> None:
-    """The fast reading of a request (`_plain_request`) gives what the union of the message models gives."""
+    """The fast reading of a request (`plain_request`) gives what the union of the message models gives."""
     line = json.dumps(envelope, indent=indent, ensure_ascii=ascii_only).replace("\n", " ").encode()
-    fast = _plain_request(line)
+    fast = plain_request(line)
     if fast is None:
         return
     assert envelope.get("jsonrpc") == "2.0" and "method" in envelope
@@ -110,7 +110,7 @@ def test_a_plain_request_is_read_as_the_message_union_reads_it(
     assert isinstance(parsed, SessionMessage) and parsed.message == union
 
 
-def test_what_the_union_must_judge_is_not_read_as_a_plain_request() -> None:
+def test_what_the_union_must_judge_is_not_read_as_aplain_request() -> None:
     for line in (
         b'{"jsonrpc": "2.0", "id": true, "method": "ping"}',
         b'{"jsonrpc": "2.0", "id": 1.0, "method": "ping"}',
@@ -120,6 +120,6 @@ def test_what_the_union_must_judge_is_not_read_as_a_plain_request() -> None:
         b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": "\\ud800"}}',
         b'[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]',
     ):
-        assert _plain_request(line) is None, line
-    request = _plain_request(b'{"jsonrpc": "2.0", "id": "a", "method": "tools/call", "params": {"name": "x"}}')
+        assert plain_request(line) is None, line
+    request = plain_request(b'{"jsonrpc": "2.0", "id": "a", "method": "tools/call", "params": {"name": "x"}}')
     assert isinstance(request, types.JSONRPCRequest) and request.params == {"name": "x"}

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aggregator.pipe_reader import MAX_BUFFERED, PipeReader
+from aggregator.pipe_reader import MAX_BUFFERED, PipeReader, whole_line
 from aggregator.upstream import transports
 from aggregator.upstream.guard_client import open_guarded_process
 
@@ -194,3 +194,10 @@ async def test_eager_takes_a_chunk_only_while_the_consumer_waits_and_a_failure_l
         reader.close()
         os.close(read)
         os.close(write)
+
+
+def test_whole_line_is_exactly_one_line_within_the_limit() -> None:
+    assert whole_line(b'{"id": 1}\n', 100) == b'{"id": 1}'
+    assert whole_line(b"\n", 100) == b""
+    for chunk in (b"", b"no newline", b"a\nb\n", b"a\nb", b"x" * 100 + b"\n"):
+        assert whole_line(chunk, 100) is None, chunk

@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from mcp_types.jsonrpc import CONNECTION_CLOSED
 
+from aggregator.downstream import stdio
 from aggregator.proxy.server import AggregatorServer
 from tests.conftest import kit_upstream
 from tests.raw_harness import LineClient, raw_bench, raw_clients
@@ -367,6 +368,43 @@ def test_an_upstream_killed_with_raw_calls_in_flight_fails_each_of_them_at_once(
             await anyio.sleep(0.3)  # past the backoff of the failure
             again = await client.call("rawkit__echo", {"message": "again"})
             assert again["result"]["content"][0]["text"] == "again", again
+
+    anyio.run(scenario)
+
+
+def test_requests_started_from_the_read_callback_keep_every_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Most raw calls start in the client's read callback (`_Inbound.start_now`); what it must not take
+    (a reused id in flight, a request for the SDK) still goes through `route` and its rules."""
+    started: list[Any] = []
+    start_now = stdio._Inbound.start_now
+
+    def counted(self: Any, line: bytes) -> bool:
+        taken = start_now(self, line)
+        started.append(taken)
+        return bool(taken)
+
+    monkeypatch.setattr(stdio._Inbound, "start_now", counted)
+    config = twin_config(tmp_path)
+
+    async def scenario() -> None:
+        async with raw_bench(config) as (server, client):
+            await client.request("tools/list")  # the direct tools known: the calls below take the raw path
+            for i in range(5):
+                answer = await client.call("rawkit__echo", {"message": f"m{i}"})
+                assert answer["result"]["content"][0]["text"] == f"m{i}"
+            assert started.count(True) == 4  # the first raw call starts the lane's supervisor, from a task
+            answer = await slow_call(server, client, "same")
+            duplicates = server.raw.fallbacks.get("duplicate_id", 0)
+            reused = await client.request("tools/call", echo("again"), request_id="same")  # the id is in flight
+            assert server.raw.fallbacks["duplicate_id"] == duplicates + 1
+            assert reused["result"]["content"][0]["text"] == "again"
+            await client.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "same"}})
+            assert (await client.request("tools/list"))["result"]["tools"]  # the SDK's, from the read callback too
+            with anyio.move_on_after(0.2):
+                await answer.receive()
+                pytest.fail("a cancelled request was answered")
 
     anyio.run(scenario)
 

@@ -60,7 +60,7 @@ def error_line(request_id: Any, code: int, message: str) -> bytes:
 
 def parse_client_line(line: bytes) -> SessionMessage | Refusal:
     """`line` as a message for the server, or the refusal that answers it."""
-    request = _plain_request(line)
+    request = plain_request(line)
     if request is not None:
         return SessionMessage(request)
     try:
@@ -75,7 +75,7 @@ def parse_client_line(line: bytes) -> SessionMessage | Refusal:
     return SessionMessage(message)
 
 
-def _plain_request(line: bytes) -> types.JSONRPCRequest | None:
+def plain_request(line: bytes) -> types.JSONRPCRequest | None:
     """`line` as a request when it plainly is one, or None (then the union of the message models decides).
 
     The message union tries every model in turn, which costs about twice the one model a request
@@ -214,6 +214,11 @@ class SkippingLineSplitter:
         self._parts: list[bytes] = []
         self._size = 0
         self._skipping: Oversized | None = None
+
+    @property
+    def between_lines(self) -> bool:
+        """Nothing of a line is kept or being skipped: the next byte starts a new line."""
+        return not self._parts and self._skipping is None
 
     def feed(self, chunk: bytes) -> list[bytes | Oversized]:
         out: list[bytes | Oversized] = []

@@ -49,11 +49,12 @@ from aggregator.downstream.client_messages import (
     SkippingLineSplitter,
     error_line,
     parse_client_line,
+    plain_request,
     refuse_oversized,
 )
 from aggregator.log import get_logger
-from aggregator.pipe_reader import READ_CHUNK, PipeReader
-from aggregator.wire import encode
+from aggregator.pipe_reader import READ_CHUNK, PipeReader, whole_line
+from aggregator.wire import MAX_MESSAGE_BYTES, encode
 
 log = get_logger(__name__)
 
@@ -159,6 +160,8 @@ class Lane(Protocol):
     """One client's raw calls (`proxy/raw.py`): requests answered as bytes, without the SDK's runner."""
 
     def accepts(self, message: types.JSONRPCRequest, *, duplicate: bool) -> bool: ...
+
+    def takes(self, message: types.JSONRPCRequest) -> bool: ...
 
     def start(self, message: types.JSONRPCRequest, task_group: anyio.abc.TaskGroup) -> None: ...
 
@@ -304,9 +307,19 @@ class _ThreadReads:
         pass
 
 
-def _chunks_of(wire: Wire) -> PipeReader | _ThreadReads:
+def _chunks_of(wire: Wire, eager: Callable[[bytes], bool] | None = None) -> PipeReader | _ThreadReads:
     """What reads the client's bytes: a reader that stays registered with the loop where it can poll."""
-    return PipeReader(wire.fd_in) if wire.poll_in else _ThreadReads(wire.fd_in)
+    return PipeReader(wire.fd_in, eager=eager) if wire.poll_in else _ThreadReads(wire.fd_in)
+
+
+def _request_now(splitter: SkippingLineSplitter, inbound: _Inbound) -> Callable[[bytes], bool]:
+    """A chunk that is exactly one whole request for the raw lane, started in the read callback."""
+
+    def take(chunk: bytes) -> bool:
+        line = whole_line(chunk, MAX_MESSAGE_BYTES) if splitter.between_lines else None
+        return line is not None and inbound.start_now(line)
+
+    return take
 
 
 async def _read_messages(
@@ -321,10 +334,10 @@ async def _read_messages(
 ) -> None:
     """Newline-delimited JSON-RPC from stdin until EOF, then drain; refusals are answered here."""
     splitter = SkippingLineSplitter()
-    chunks = _chunks_of(wire)
     with scope:
         async with sink, replies, anyio.create_task_group() as tg:
             inbound = _Inbound(sink, replies, in_flight, lane, tg)
+            chunks = _chunks_of(wire, _request_now(splitter, inbound) if lane is not None else None)
             tg.start_soon(inbound.forward)
             try:
                 while not in_flight.closed:
@@ -390,6 +403,19 @@ class _Inbound:
         else:
             self.in_flight.enqueue()
             await self.backlog.send(message)
+
+    def start_now(self, line: bytes) -> bool:
+        """Start `line` on the lane at once if it is a plain request the lane takes and the session has
+        room with nothing queued; False: nothing done, `route` reads it as usual."""
+        lane, in_flight = self.lane, self.in_flight
+        if lane is None or self.task_group is None or in_flight.queued or not in_flight.has_room() or in_flight.closed:
+            return False
+        request = plain_request(line)
+        if request is None or request.id in in_flight or not lane.takes(request):
+            return False
+        in_flight.add(request.id, request.method)
+        lane.start(request, self.task_group)
+        return True
 
     async def _submit(self, message: types.JSONRPCRequest) -> None:
         duplicate = message.id in self.in_flight  # the client reused the id of a request in flight

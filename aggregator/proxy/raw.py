@@ -160,6 +160,17 @@ class RawLane:
             return False
         return True
 
+    def takes(self, message: types.JSONRPCRequest) -> bool:
+        """`accepts` for a request whose id is not in flight, without counting or logging a refusal
+        (the read callback asks first; what it leaves goes through `accepts`). Not before the lane's
+        first call has started its supervisor in the session's task group, from a task."""
+        if message.method not in RAW_METHODS or not self._supervised:
+            return False
+        try:
+            return self._rule(message) is None
+        except Exception:
+            return False
+
     def _rule(self, message: types.JSONRPCRequest) -> str | None:
         connection = self.connection
         if (

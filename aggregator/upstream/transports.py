@@ -33,7 +33,7 @@ from mcp.shared.message import SessionMessage
 
 from aggregator.config import UpstreamConfig
 from aggregator.log import get_logger, redact_text
-from aggregator.pipe_reader import PipeReader
+from aggregator.pipe_reader import PipeReader, whole_line
 from aggregator.safetext import SurrogateEscapes
 from aggregator.sdk import HTTP_TIMEOUT_SECONDS, SSE_READ_TIMEOUT_SECONDS
 from aggregator.upstream.guard_client import PipeReceive, open_guarded_process
@@ -422,12 +422,8 @@ def _answer_now(splitter: LineSplitter, raw: RawCalls, limit: int) -> Callable[[
     """A chunk that is exactly one whole line answering a raw request, settled in the read callback."""
 
     def take(chunk: bytes) -> bool:
-        return (
-            splitter.between_lines
-            and len(chunk) <= limit
-            and chunk.find(b"\n") == len(chunk) - 1
-            and raw.settle_now(chunk[:-1])
-        )
+        line = whole_line(chunk, limit) if splitter.between_lines else None
+        return line is not None and raw.settle_now(line)
 
     return take
 
