@@ -1,4 +1,5 @@
-"""Reading a non-blocking pipe or socket with a callback that stays registered with the event loop.
+"""Reading a non-blocking pipe or socket with a callback that stays registered with the event loop
+(and writing to one without bookkeeping when nothing waits: `write_some`).
 
 `anyio.wait_readable` registers the descriptor with the loop and unregisters it on every wait
 (15.6 µs a wait against about 3 µs here, measured on uvloop): on the proxied call's hot path that
@@ -29,6 +30,19 @@ log = get_logger(__name__)
 
 READ_CHUNK = 1 << 16
 MAX_BUFFERED = 4  # chunks read ahead of the consumer before reading pauses
+
+
+def write_some(fd: int, data: bytes) -> int:
+    """Write what the non-blocking `fd` takes of `data` now: the bytes written (0: it is full).
+
+    A writer that holds no lock and finds none held writes this way first, without a lock's or
+    anyio's bookkeeping; only the rest of a line that did not fit goes the usual way.
+    Raises OSError (BrokenPipeError: the reader is gone).
+    """
+    try:
+        return os.write(fd, data)
+    except BlockingIOError:
+        return 0
 
 
 def whole_line(chunk: bytes, limit: int) -> bytes | None:

@@ -256,3 +256,28 @@ async def test_an_answer_is_settled_at_once_only_when_nothing_is_before_it() -> 
     finally:
         os.close(read)
         os.close(write)
+
+
+async def test_lines_bigger_than_the_pipe_are_never_interleaved() -> None:
+    """Two writers, each a line larger than a pipe holds: the first goes partly at once and the rest
+    under the lock; the second waits for it. The reader gets each line whole."""
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    stream = PipeSend(write)
+    writer = LineWriter(stream, fd=lambda: stream._fd)
+    lines = [bytes([65 + i]) * 300_000 + b"\n" for i in range(2)]
+    got = bytearray()
+    try:
+        async with anyio.create_task_group() as tg:
+            for line in lines:
+                tg.start_soon(writer.send, line)
+            with anyio.fail_after(10):
+                while len(got) < sum(map(len, lines)):
+                    try:
+                        got += os.read(read, 1 << 16)
+                    except BlockingIOError:
+                        await anyio.sleep(0.001)
+        assert sorted(bytes(got).splitlines(keepends=True)) == lines
+    finally:
+        os.close(read)
+        await stream.aclose()

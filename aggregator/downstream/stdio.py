@@ -53,7 +53,7 @@ from aggregator.downstream.client_messages import (
     refuse_oversized,
 )
 from aggregator.log import get_logger
-from aggregator.pipe_reader import READ_CHUNK, PipeReader, whole_line
+from aggregator.pipe_reader import READ_CHUNK, PipeReader, whole_line, write_some
 from aggregator.wire import MAX_MESSAGE_BYTES, encode
 
 log = get_logger(__name__)
@@ -201,7 +201,13 @@ class Outbox:
         self.queue.send_nowait(line)
 
     async def write(self, data: bytes) -> None:
+        """Write `data` whole: at once if nothing else is being written (`write_some`), the rest under the lock."""
         try:
+            if self.wire.poll_out and not self.lock.locked():
+                written = write_some(self.wire.fd_out, data)
+                if written == len(data):
+                    return
+                data = data[written:]
             async with self.lock:
                 await _write_all(self.wire, data)
         except OSError as exc:

@@ -33,6 +33,7 @@ from mcp.shared.message import SessionMessage
 from mcp_types.jsonrpc import CONNECTION_CLOSED
 
 from aggregator.log import get_logger
+from aggregator.pipe_reader import write_some
 from aggregator.sdk import ProgressFn
 from aggregator.upstream.server_messages import MAX_RESULT_NESTING, parse_upstream_line
 from aggregator.wire import json_line
@@ -109,14 +110,29 @@ class LineWriter:
     pipe is gone.
     """
 
-    def __init__(self, stream: anyio.abc.ByteSendStream, on_broken: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        stream: anyio.abc.ByteSendStream,
+        on_broken: Callable[[], None] = lambda: None,
+        fd: Callable[[], int | None] = lambda: None,
+    ) -> None:
         self._stream = stream
         self._lock = asyncio.Lock()  # not anyio's: its uncontended acquire still looks up the backend
         self._on_broken = on_broken
+        self._fd = fd  # the stream's descriptor while it is open (None: unknown or closed)
 
     async def send(self, line: bytes) -> None:
-        """Write `line`; a closed or broken pipe raises `anyio.BrokenResourceError` (after `on_broken`)."""
+        """Write `line`; a closed or broken pipe raises `anyio.BrokenResourceError` (after `on_broken`).
+
+        With no other line being written, as much as the pipe takes goes at once (`write_some`);
+        the rest, if any, through the stream under the lock.
+        """
         try:
+            if not self._lock.locked() and (fd := self._fd()) is not None:
+                written = write_some(fd, line)
+                if written == len(line):
+                    return
+                line = line[written:]
             async with self._lock:
                 await self._stream.send(line)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:

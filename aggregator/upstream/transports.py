@@ -36,7 +36,7 @@ from aggregator.log import get_logger, redact_text
 from aggregator.pipe_reader import PipeReader, whole_line
 from aggregator.safetext import SurrogateEscapes
 from aggregator.sdk import HTTP_TIMEOUT_SECONDS, SSE_READ_TIMEOUT_SECONDS
-from aggregator.upstream.guard_client import PipeReceive, open_guarded_process
+from aggregator.upstream.guard_client import PipeReceive, PipeSend, open_guarded_process
 from aggregator.upstream.raw_calls import LineWriter, RawCalls
 from aggregator.upstream.server_messages import parse_upstream_line
 from aggregator.wire import LineSplitter, MessageTooLarge, encode, error_answer
@@ -326,7 +326,7 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
     write, from_session = anyio.create_memory_object_stream[SessionMessage](64)
     assert process.stdin is not None
     handle = TransportHandle(read, write, pid=process.pid, limit=config.max_message_bytes)
-    stdin = LineWriter(process.stdin, lambda: _closed(handle))
+    stdin = LineWriter(process.stdin, lambda: _closed(handle), lambda: _guard_fd(process.stdin))
     try:
         async with anyio.create_task_group() as tg:
             handle.raw = RawCalls(stdin, tg.start_soon, to_session)
@@ -413,9 +413,15 @@ def _chunks_of(
     stdout: anyio.abc.ByteReceiveStream, eager: Callable[[bytes], bool] | None = None
 ) -> PipeReader | _StreamChunks:
     """The upstream's stdout read by a reader that stays registered with the event loop (the guard's
-    pipe, whose descriptor it keeps in `_fd`); any other stream (off Linux) as anyio reads it."""
-    fd = getattr(stdout, "_fd", None) if isinstance(stdout, PipeReceive) else None
-    return PipeReader(fd, eager=eager) if isinstance(fd, int) else _StreamChunks(stdout)
+    pipe); any other stream (off Linux) as anyio reads it."""
+    fd = _guard_fd(stdout)
+    return PipeReader(fd, eager=eager) if fd is not None else _StreamChunks(stdout)
+
+
+def _guard_fd(stream: object) -> int | None:
+    """The descriptor of one of the guard's pipe ends while it is open (it keeps it in `_fd`), else None."""
+    fd = getattr(stream, "_fd", None) if isinstance(stream, PipeReceive | PipeSend) else None
+    return fd if isinstance(fd, int) else None
 
 
 def _answer_now(splitter: LineSplitter, raw: RawCalls, limit: int) -> Callable[[bytes], bool]:
