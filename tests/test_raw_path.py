@@ -35,6 +35,7 @@ from tests.raw_harness import LineClient, raw_bench, raw_clients
 CALL_TIMEOUT = 1.0
 ARG = {"name": "name", "value": "A"}
 TEMPLATE = "testkit://items/{item_id}"
+ROGUE = Path(__file__).with_name("rogue_upstream.py")
 Bench = tuple[BlockingPortal, AggregatorServer, LineClient, Path]
 
 
@@ -368,6 +369,31 @@ def test_an_upstream_killed_with_raw_calls_in_flight_fails_each_of_them_at_once(
             await anyio.sleep(0.3)  # past the backoff of the failure
             again = await client.call("rawkit__echo", {"message": "again"})
             assert again["result"]["content"][0]["text"] == "again", again
+
+    anyio.run(scenario)
+
+
+def test_an_upstream_that_dies_after_half_an_answer_fails_every_call_in_flight(tmp_path: Path) -> None:
+    """A raw call waiting (a log call that sleeps), then another whose answer the upstream cuts in the
+    middle before it exits: both get the lost-upstream fault at once, nothing hangs."""
+    rogue = {"command": sys.executable, "args": [str(ROGUE)], "expose": "direct", "timeouts": {"call": 20}}
+    config = tmp_path / "aggregator.yaml"
+    config.write_text(json.dumps({"upstreams": {"rogue": rogue}}))
+
+    async def scenario() -> None:
+        async with raw_bench(config) as (server, client):
+            await client.request("tools/list")  # the direct tools known: the calls below take the raw path
+            taken = server.raw.taken
+            waiting = client.expect("waiting")
+            call = {"name": "rogue__log", "arguments": {"text": "hi", "seconds": 30}}
+            await client.send({"jsonrpc": "2.0", "id": "waiting", "method": "tools/call", "params": call})
+            with anyio.fail_after(5):
+                cut = await client.call("rogue__cut")
+                left = await waiting.receive()
+            for answer in (cut, left):
+                text = answer["result"]["content"][0]["text"]
+                assert answer["result"]["isError"] is True and "upstream_error" in text and "exited" in text, text
+            assert server.raw.taken == taken + 2
 
     anyio.run(scenario)
 
