@@ -109,6 +109,7 @@ class InFlight:
         self.queued = 0  # requests read but waiting for room (the backlog)
         self._methods: dict[Any, str] = {}
         self._changed = anyio.Event()
+        self._waiting = 0  # tasks in `_wait`
         self.closed = False  # stdout is gone: nobody waits for room any more
 
     def __len__(self) -> int:
@@ -139,9 +140,17 @@ class InFlight:
         self._wake()
 
     def _wake(self) -> None:
-        if self._changed.statistics().tasks_waiting:  # else nobody is told: the event stays (one per call saved)
+        if self._waiting:  # else nobody is told: the event stays (one per call saved)
             self._changed.set()
             self._changed = anyio.Event()
+
+    async def _wait(self) -> None:
+        """Until the next change (counted: `_wake` need not ask the event, which builds its statistics)."""
+        self._waiting += 1
+        try:
+            await self._changed.wait()
+        finally:
+            self._waiting -= 1
 
     def draining(self) -> int:
         """Requests that a shutdown waits for: queued and running ones, long-lived subscriptions excepted."""
@@ -149,11 +158,11 @@ class InFlight:
 
     async def room(self) -> None:
         while not self.has_room() and not self.closed:
-            await self._changed.wait()
+            await self._wait()
 
     async def drained(self) -> None:
         while self.draining() and not self.closed:
-            await self._changed.wait()
+            await self._wait()
 
 
 class Lane(Protocol):
