@@ -281,3 +281,24 @@ async def test_lines_bigger_than_the_pipe_are_never_interleaved() -> None:
     finally:
         os.close(read)
         await stream.aclose()
+
+
+async def test_the_deadline_holds_when_the_upstream_never_reads_its_stdin() -> None:
+    """A full pipe nobody reads: the request cannot even be written; its deadline still ends it
+    (as a timeout, not a lost connection), and the connection is not marked broken."""
+    broken: list[bool] = []
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    stream = PipeSend(write)
+    try:
+        async with anyio.create_task_group() as tg:
+            calls = RawCalls(LineWriter(stream, lambda: broken.append(True), lambda: stream._fd), tg.start_soon)
+            big = {"name": "t", "arguments": {"blob": "x" * 200_000}}  # more than a pipe holds
+            started = anyio.current_time()
+            with anyio.fail_after(10), pytest.raises(DeadlinePassed):  # fail_after: a regression hangs here
+                await calls.request("tools/call", big, budget=0.2)
+            assert anyio.current_time() - started < 3
+            assert not broken and not calls._pending and not calls.closed
+    finally:
+        os.close(read)
+        await stream.aclose()

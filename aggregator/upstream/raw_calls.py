@@ -121,11 +121,12 @@ class LineWriter:
         self._on_broken = on_broken
         self._fd = fd  # the stream's descriptor while it is open (None: unknown or closed)
 
-    async def send(self, line: bytes) -> None:
+    async def send(self, line: bytes, timeout: float | None = None) -> None:
         """Write `line`; a closed or broken pipe raises `anyio.BrokenResourceError` (after `on_broken`).
 
         With no other line being written, as much as the pipe takes goes at once (`write_some`);
-        the rest, if any, through the stream under the lock.
+        the rest, if any, through the stream under the lock, within `timeout` seconds (TimeoutError:
+        a full pipe that its upstream does not read, or another writer stuck on it).
         """
         try:
             if not self._lock.locked() and (fd := self._fd()) is not None:
@@ -133,8 +134,11 @@ class LineWriter:
                 if written == len(line):
                     return
                 line = line[written:]
-            async with self._lock:
-                await self._stream.send(line)
+            with anyio.fail_after(timeout):
+                async with self._lock:
+                    await self._stream.send(line)
+        except TimeoutError:  # an OSError too, but the pipe is not broken
+            raise
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
             self._on_broken()
             raise anyio.BrokenResourceError from exc
@@ -189,9 +193,11 @@ class RawCalls:
         written = False
         try:
             try:
-                await self._send.send(line)
+                await self._send.send(line, budget)
             except anyio.BrokenResourceError:
                 raise MCPError(CONNECTION_CLOSED, "Connection closed") from None
+            except TimeoutError:  # the deadline passed before the request was even written
+                raise DeadlinePassed from None
             written = True
             self.sent += 1
             await pending.future
