@@ -16,8 +16,9 @@ What the client sends is checked line by line (`client_messages`): a line that i
 valid request is answered with the JSON-RPC error it deserves, an oversized one
 is skipped, and the session goes on. At most `max_in_flight` requests are with
 the server at once and as many more wait in a backlog; past that, stdin is not
-read until an answer has been written to stdout, so a client that stops reading
-its answers stops us reading its requests instead of growing our memory. When stdin ends, requests still
+read (beyond the few chunks `PipeReader` reads ahead) until an answer has been written to
+stdout, so a client that stops reading its answers stops us reading its requests instead of
+growing our memory. When stdin ends, requests still
 running get `drain_seconds` to finish; whatever is left is cancelled and
 answered with an error, and every answer is flushed before we return.
 """
