@@ -85,7 +85,9 @@ class PipeReader:
         except OSError as exc:  # a read error ends the stream, as EOF does
             log.debug("read failed; treated as the end", fd=self._fd, error=str(exc))
             data = b""
-        if data and self._eager is not None and self._waiter is not None and not self._chunks and self._took(data):
+        waiter = self._waiter
+        waiting = waiter is not None and not waiter.done()  # and not cancelled: the session may be ending
+        if data and waiting and not self._chunks and self._took(data):  # the consumer's next chunk, eagerly
             return
         self._chunks.append(data)
         if not data:
@@ -93,7 +95,6 @@ class PipeReader:
             self._unregister()
         elif len(self._chunks) >= MAX_BUFFERED:
             self._unregister()  # until the consumer takes a chunk
-        waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
