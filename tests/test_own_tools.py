@@ -50,7 +50,7 @@ def test_own_tools_mistakes_are_config_errors() -> None:
 
 def test_the_call_tool_name_is_spelled_in_one_place() -> None:
     """The server's task path and the tool family match `catalog_call_tool` through one constant:
-    a rename there cannot leave a second spelling behind (proxy/raw.py keeps its own until merged)."""
+    a rename there cannot leave a second spelling behind (the raw path included)."""
     from aggregator.tools.catalog import CATALOG_CALL
 
     package = Path(__file__).parent.parent / "aggregator"
@@ -59,7 +59,7 @@ def test_the_call_tool_name_is_spelled_in_one_place() -> None:
         for path in package.rglob("*.py")
         if '"catalog_call_tool"' in path.read_text(encoding="utf-8")
     }
-    assert spelled - {"proxy/raw.py"} == {"tools/catalog.py"}
+    assert spelled == {"tools/catalog.py"}
     assert CATALOG_CALL == "catalog_call_tool" and CATALOG_CALL in CATALOG
 
 
