@@ -75,6 +75,11 @@ class LineSplitter:
         self._parts: list[bytes] = []
         self._size = 0
 
+    @property
+    def between_lines(self) -> bool:
+        """No partial line is kept: the next byte starts a new line."""
+        return not self._parts
+
     def feed(self, chunk: bytes) -> list[bytes]:
         lines: list[bytes] = []
         start = 0

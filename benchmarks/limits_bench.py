@@ -1,6 +1,7 @@
 """How far `aggregator serve` is from the physical limit (issue 24), every figure beside its baseline in one run.
 
     .venv/bin/python benchmarks/limits_bench.py [--reps 7] [--calls 1000] [--upstreams 5]
+        [--only startup|calls|memory] [--before DIR]
 
 1. Start-up, broken down by phase (medians of interleaved runs, wall ms and the process's own CPU):
    the bare interpreter, importing what `serve` imports, spawn → `initialize` answered, spawn →
@@ -34,7 +35,7 @@ from typing import Any
 
 import anyio
 from mcp import ClientSession
-from mcp.client.stdio import StdioServerParameters
+from mcp.client.stdio import StdioServerParameters, get_default_environment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from passthrough_bench import cpu_seconds, process_of
@@ -47,12 +48,12 @@ ECHO = {"server": "up01", "tool": "echo", "arguments": {"message": "p"}}
 INIT = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}
 
 
-def write_config(directory: Path, count: int, expose: str = "catalog", call_path: str = "raw") -> Path:
+def write_config(directory: Path, count: int, expose: str = "catalog", call_path: str = "raw", tag: str = "") -> Path:
     upstreams = {
         f"up{i:02d}": {"command": sys.executable, "args": TESTKIT, "expose": expose, "call_path": call_path}
         for i in range(1, count + 1)
     }
-    path = directory / f"limits-{count}-{expose}-{call_path}.yaml"
+    path = directory / f"limits-{count}-{expose}-{call_path}{tag}.yaml"
     path.write_text(json.dumps({"upstreams": upstreams}))
     return path
 
@@ -135,8 +136,12 @@ def bench_startup(directory: Path, reps: int) -> None:
 # ---------------------------------------------------------------- 2. per call
 
 
-async def bench_calls(directory: Path, calls: int, block: int = 50) -> None:
-    """Every path of ours (tool naming × call path) beside the direct call, all in one interleaved run."""
+async def bench_calls(directory: Path, calls: int, block: int = 50, before: Path | None = None) -> None:
+    """Every path of ours (tool naming × call path) beside the direct call, all in one interleaved run.
+
+    `before`: the source tree of another commit (`git archive <ref> | tar -x -C DIR`); its raw paths
+    join the same interleaved run, so a change is measured against its base under the same load.
+    """
     catalog_call = ("catalog_call_tool", {"server": "up01", "tool": "echo", "arguments": {"message": "p"}})
     direct_call = ("up01__echo", {"message": "p"})
     paths = {
@@ -149,23 +154,34 @@ async def bench_calls(directory: Path, calls: int, block: int = 50) -> None:
     }
     direct_params = StdioServerParameters(command=sys.executable, args=TESTKIT)
     print(f"\n2. Sequential tools/call round trips ({calls} per path, interleaved blocks of {block}); ms")
-    print(f"  {'':24} {'p50':>7} {'added p50':>10} {'added p90':>10} {'our CPU/call':>13}")
+    print(f"  {'':32} {'p50':>7} {'added p50':>10} {'added p90':>10} {'our CPU/call':>13}")
     async with AsyncExitStack() as stack:
         direct = await stack.enter_async_context(session_for(direct_params))
         await timed_calls(direct, "echo", {"message": "p"}, 200)  # warm-up; starts the upstream
+        if before is not None:
+            for label, expose, call in (
+                ("catalog_call_tool", "catalog", catalog_call),
+                ("direct tool", "direct", direct_call),
+            ):
+                config = write_config(directory, 1, expose, call_path="raw", tag="before")
+                paths[f"{label}, raw (before)"] = (config, *call)
         sessions: dict[str, tuple[ClientSession, str, dict[str, Any], int | None]] = {}
         for label, (config, tool, args) in paths.items():
-            agg = await stack.enter_async_context(session_for(aggregator_params(config)))
+            params = aggregator_params(config)
+            if label.endswith("(before)"):
+                params.env = {**get_default_environment(), "PYTHONPATH": str(before)}
+                params.cwd = before  # `-m` puts the working directory first on the path
+            agg = await stack.enter_async_context(session_for(params))
             await timed_calls(agg, tool, args, 200)
             sessions[label] = (agg, tool, args, process_of(config))
         samples, cpu = await interleaved(direct, sessions, calls, block)
         direct_ms = samples[DIRECT]
-        print(f"  {'direct (no aggregator)':24} {pct(direct_ms, 50):7.3f}")
+        print(f"  {'direct (no aggregator)':32} {pct(direct_ms, 50):7.3f}")
         for label, agg_ms in samples.items():
             if label != DIRECT:
                 added = [pct(agg_ms, p) - pct(direct_ms, p) for p in (50, 90)]
                 print(
-                    f"  {label:24} {pct(agg_ms, 50):7.3f} {added[0]:10.3f} {added[1]:10.3f}"
+                    f"  {label:32} {pct(agg_ms, 50):7.3f} {added[0]:10.3f} {added[1]:10.3f}"
                     f" {cpu[label] / len(agg_ms) * 1000:13.3f}"
                 )
 
@@ -266,11 +282,16 @@ async def main() -> None:
     parser.add_argument("--upstreams", type=int, default=5, help="running upstreams for the memory figure")
     parser.add_argument("--reps", type=int, default=7, help="interleaved start-up runs")
     parser.add_argument("--calls", type=int, default=1000, help="round trips per path")
+    parser.add_argument("--only", choices=["startup", "calls", "memory"], help="run one section")
+    parser.add_argument("--before", type=Path, help="source tree of a base commit: its raw paths join section 2")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        bench_startup(Path(tmp), args.reps)
-        await bench_calls(Path(tmp), args.calls)
-        await bench_memory(Path(tmp), max(2, args.upstreams))
+        if args.only in (None, "startup"):
+            bench_startup(Path(tmp), args.reps)
+        if args.only in (None, "calls"):
+            await bench_calls(Path(tmp), args.calls, before=args.before)
+        if args.only in (None, "memory"):
+            await bench_memory(Path(tmp), max(2, args.upstreams))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ during calls, and answers `prompts/get` slowly (so a reload can catch one in fli
 Tools: `pid`; `link {uri}` returns a resource_link to `uri`; `later {method, delay}` answers at once, then
 `delay` seconds later sends `method` to its client and appends the outcome to `--record`; `flood {n,
 method, params}` sends `n` requests at once and answers with how many got results and errors; `log
-{text, seconds}` sends a log message, then answers after `seconds`. `logging/setLevel` is noted in
+{text, seconds}` sends a log message, then answers after `seconds`; `cut` writes half an answer (no
+newline) and exits. `logging/setLevel` is noted in
 `--record` with the pid that got it.
 """
 
@@ -24,7 +25,7 @@ from typing import Any
 
 TOOLS = [
     {"name": name, "description": f"rogue {name}", "inputSchema": {"type": "object"}}
-    for name in ("link", "later", "flood", "log", "pid")
+    for name in ("link", "later", "flood", "log", "pid", "cut")
 ]
 
 
@@ -81,6 +82,8 @@ class Rogue:
             result = {"resources": [], "resourceTemplates": []}
         elif method == "resources/read":
             result = {"contents": [{"uri": params.get("uri"), "text": "from rogue"}]}
+        elif method == "tools/call" and params.get("name") == "cut":
+            self.cut(message["id"])
         elif method == "tools/call":
             result = self.call(params.get("name"), params.get("arguments") or {})
         elif method == "logging/setLevel":
@@ -115,6 +118,13 @@ class Rogue:
             time.sleep(float(args.get("seconds", 0)))
             return text("logged")
         return {"content": [], "isError": True}
+
+    def cut(self, request_id: Any) -> None:
+        """Half an answer, no newline, then death (exit code 5)."""
+        with self.lock:
+            sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {"content": []}})[:30])
+            sys.stdout.flush()
+            os._exit(5)
 
     def ask_later(self, method: str, delay: float) -> None:
         time.sleep(delay)

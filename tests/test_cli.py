@@ -32,6 +32,10 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
         ("upstreams:\n  aggregator:\n    command: uvx\n", "aggregator"),
         ("upstreams:\n  'bad name':\n    command: uvx\n", "bad name"),
         ("upstreams:\n  git:\n    command: uvx\n    args: 5\n", "upstreams.git.args"),
+        # were accepted, then failed at start as "command not found: " or "None:80 is not reachable"
+        ("upstreams:\n  git:\n    command: ''\n", "upstreams.git.command: command is empty"),
+        ("upstreams:\n  docs:\n    url: localhost:8080/mcp\n", "upstreams.docs.url: url is not an http:// or"),
+        ("upstreams:\n  docs:\n    url: ftp://example.com/mcp\n", "e.g. url: https://example.com/mcp"),
     ],
 )
 def test_config_errors_exit_2_with_file_key_and_fix(tmp_path: Path, text: str, expected: str) -> None:

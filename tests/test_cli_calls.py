@@ -123,3 +123,22 @@ def test_a_mistyped_parameter_is_named_with_a_guess_and_refused_where_the_schema
     refused = run_main(capsys, "call", "kit", "strict", "pth=/tmp", "x=1", "--config", str(config))
     assert refused.returncode == 2 and refused.stdout == "" and refused.stderr.count("\n") == 1
     assert "strict has no parameters 'pth', 'x' (did you mean 'path'?); its parameters: path" in refused.stderr
+
+
+def test_a_call_without_a_required_argument_says_which_and_how(
+    config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not the tool's validator dump (several lines of pydantic text): one line naming what is missing, the
+    typo that is probably why, and the command line that gives everything; exit 2, nothing sent."""
+    typo = ["tme=12:00", "from_zone=UTC"]
+    done = run_main(capsys, "call", "toolbox", "convert_timezone", *typo, "--config", str(config))
+    assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
+    assert "convert_timezone needs time, to_zone (not given; convert_timezone has no parameter 'tme'" in done.stderr
+    assert "(did you mean 'time'?)" in done.stderr
+    assert "e.g. aggregator call toolbox convert_timezone time=<time> from_zone=<from_zone> to_zone=<to_zone>" in (
+        done.stderr
+    )
+    bare = run_main(capsys, "call", "kit", "add", "--config", str(config))
+    assert bare.returncode == 2 and "add needs a, b (not given)" in bare.stderr and "validation" not in bare.stderr
+    given = run_main(capsys, "call", "kit", "add", "--args", '{"a": 1, "b": 2}', "--config", str(config))
+    assert (given.returncode, given.stdout) == (0, "3\n")

@@ -143,3 +143,17 @@ def test_init_asks_on_a_terminal(tmp_path: Path) -> None:
     assert b"imported 1 server: time" in seen
     text = (home / ".config/aggregator/aggregator.yaml").read_text()
     assert text.startswith(STARTER) and "\n  time:\n" in text
+
+
+def test_add_notes_a_command_that_cannot_start_here(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Written all the same (the user may install it next), with doctor's one line on stderr: not only at the
+    first `tools` call, minutes later, as 'could not start'."""
+    missing = run_main(capsys, "add", "time", "--", "no-such-launcher-7f3", "mcp-server-time")
+    assert missing.returncode == 0 and "added time" in missing.stdout
+    assert missing.stderr == (
+        "aggregator add: note: command 'no-such-launcher-7f3' is not on PATH; "
+        "fix: install it, or give its absolute path\n"
+    )
+    present = run_main(capsys, "add", "kit", "--", sys.executable, str(EXAMPLES / "testkit.py"))
+    assert (present.returncode, present.stderr) == (0, "")
+    assert run_main(capsys, "tools").stdout.count("configured") == 2  # both entries are in the config

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aggregator.cli.commands import build_parser
 from aggregator.table import count
@@ -115,7 +117,6 @@ def test_a_mistyped_command_or_client_says_what_was_meant(
         (["auth", "login", "kit", "extra"], "aggregator auth login"),
         (["service", "status", "x"], "aggregator service status"),
         (["tools", "kit", "extra"], "aggregator tools"),
-        (["call", "kit", "echo", "--bogus"], "aggregator call"),
     ],
 )
 def test_a_word_too_many_names_the_help_of_the_command_it_was_given_to(
@@ -124,6 +125,58 @@ def test_a_word_too_many_names_the_help_of_the_command_it_was_given_to(
     done = run_main(capsys, *argv, "--config", str(config))
     word = argv[-1]
     one_line(done, 2, f"{help_of}: error: unrecognized arguments: {word} (see {help_of} --help)")
+
+
+def _commands(parser: argparse.ArgumentParser, words: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command and nested command of `parser` (`serve`, `auth status`, ...) as its words."""
+    found = [words] if words else []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found += _commands(child, (*words, name))
+    return found
+
+
+def test_every_command_names_an_unknown_option_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Not argparse's "the following arguments are required": the option is what the user got wrong."""
+    commands = [words for words in _commands(build_parser()) if words != ("connect",)]
+    assert len(commands) > 20
+    for words in [(), *commands]:
+        done = run_main(capsys, *words, "--bogus-option")
+        prog = " ".join(("aggregator", *words))
+        one_line(done, 2, f"{prog}: error: unknown option '--bogus-option' (see {prog} --help)")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["search", " "], "aggregator search: 'query' must not be empty or whitespace"),
+        (["search", "time", "--limit", "0"], "aggregator search: 'limit' must be in 1..50, got 0"),
+    ],
+)
+def test_a_search_mistake_names_the_command(
+    config: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    one_line(run_main(capsys, *argv, "--config", str(config)), 2, said)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--bogus"], "aggregator: error: unknown option '--bogus' (see aggregator --help)"),
+        (["--confg", "x.yaml", "tools"], "unknown option '--confg'; did you mean '--config'?"),
+        (["--port", "9", "serve"], "'--port' is an option of 'serve': put it after the command"),
+        (["search", "--lmit", "3", "time"], "search: error: unknown option '--lmit'; did you mean '--limit'?"),
+        (["call", "kit", "echo", "--argz", "{}"], "unknown option '--argz'; did you mean '--args'?"),
+        (["auth", "status", "--data-dr", "d"], "unknown option '--data-dr'; did you mean '--data-dir'?"),
+        (["import", "--wrte"], "unknown option '--wrte'; did you mean '--write'?"),
+        (["install", "claude"], "invalid choice: 'claude'; did you mean 'claude-code' or 'claude-desktop'?"),
+        (["connect", "--confg", "x.yaml"], "aggregator connect: error: unknown option '--confg'; did you mean"),
+        (["connect", "serve"], "aggregator connect: error: unexpected argument 'serve'"),
+    ],
+)
+def test_a_misspelt_option_says_what_was_meant_as_a_user_sees_it(argv: list[str], said: str) -> None:
+    one_line(run_cli(*argv), 2, said)
 
 
 def test_a_user_sees_one_line_and_a_bare_aggregator_prints_help(config: Path) -> None:
@@ -253,3 +306,31 @@ def test_an_unexpected_error_is_one_line_too(
     monkeypatch.setattr(calls, "_tools", broken)
     config = write_config(tmp_path, {"kit": kit_upstream()})
     one_line(run_main(capsys, "tools", "--config", str(config)), 1, "unexpected RuntimeError: injected", "report")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet="-=abcdeglnoprstuvwxy ", max_size=12), max_size=6))
+def test_unknown_option_reads_any_words_without_failing(words: list[str]) -> None:
+    """Whatever a user types, the check answers None or one line naming a word they typed; known options
+    (with their values) are never reported."""
+    from aggregator.cli.commands import unknown_option
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for each in (parser, commands["search"], commands["call"]):
+        said = unknown_option(each, words)
+        assert said is None or ("\n" not in said and any(w.partition("=")[0] in said for w in words if w))
+    assert unknown_option(commands["search"], ["--limit", "--json", "--load", "--explain", "q"]) is None
+
+
+def test_a_missing_launcher_says_what_provides_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A new machine often lacks uv or Node.js: the start error and doctor name what to install, not only
+    the command (its PATH here is an empty directory, so uvx is missing wherever the test runs)."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    entry = {"command": "uvx", "args": ["mcp-server-time"], "env": {"PATH": str(empty)}}
+    config = write_config(tmp_path, {"time": entry})
+    started = run_main(capsys, "tools", "time", "--config", str(config), "--data-dir", str(tmp_path / "data"))
+    one_line(started, 1, "command not found: uvx (install uv, which provides uvx: https://docs.astral.sh/uv/)")
+    doctor = run_main(capsys, "doctor", "--no-probe", "--config", str(config), "--data-dir", str(tmp_path / "data"))
+    assert "Fix: install uv, which provides uvx: https://docs.astral.sh/uv/, or give its absolute path" in doctor.stdout

@@ -4,7 +4,9 @@ test_downstream_faults.py and test_fuzz_downstream.py)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
+import mcp.types as types
 from hypothesis import given
 from hypothesis import strategies as st
 from mcp.shared.message import SessionMessage
@@ -14,6 +16,7 @@ from aggregator.downstream.client_messages import (
     Refusal,
     SkippingLineSplitter,
     parse_client_line,
+    plain_request,
     top_level_id,
 )
 
@@ -62,3 +65,61 @@ def test_a_request_that_also_carries_a_result_is_refused_not_taken_for_a_respons
     assert reply["id"] == 7 and reply["error"]["code"] == -32600 and "method" in reply["error"]["message"]
     response = parse_client_line(b'{"jsonrpc": "2.0", "id": 7, "result": {"method": "ping"}}')
     assert not isinstance(response, Refusal)  # a real response, whatever its result holds
+
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
+    max_leaves=8,
+)
+_ids = st.integers(-(2**70), 2**70) | st.text(max_size=5)
+_params = st.dictionaries(st.text(max_size=5), _values, max_size=3)
+_requests = st.fixed_dictionaries(  # mostly plain requests ...
+    {"jsonrpc": st.just("2.0"), "id": _ids, "method": st.text(max_size=12)},
+    optional={"params": _params | st.none(), "extra": _values},
+)
+_odd = st.fixed_dictionaries(  # ... and anything near one
+    {},
+    optional={
+        "jsonrpc": st.sampled_from(["2.0", "1.0", 2.0]) | _values,
+        "id": _ids | _values,
+        "method": st.sampled_from(["tools/call", "ping"]) | _values,
+        "params": _params | _values,
+        "result": _values,
+        "error": _values,
+        "extra": _values,
+    },
+)
+_envelopes = st.one_of(_requests, _odd)
+
+
+@given(_envelopes, st.sampled_from([None, 2]), st.booleans())
+def test_aplain_request_is_read_as_the_message_union_reads_it(
+    envelope: dict[str, Any], indent: int | None, ascii_only: bool
+) -> None:
+    """The fast reading of a request (`plain_request`) gives what the union of the message models gives."""
+    line = json.dumps(envelope, indent=indent, ensure_ascii=ascii_only).replace("\n", " ").encode()
+    fast = plain_request(line)
+    if fast is None:
+        return
+    assert envelope.get("jsonrpc") == "2.0" and "method" in envelope
+    union = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    assert type(union) is type(fast) and union == fast
+    assert union.model_dump(by_alias=True, exclude_unset=True) == fast.model_dump(by_alias=True, exclude_unset=True)
+    parsed = parse_client_line(line)
+    assert isinstance(parsed, SessionMessage) and parsed.message == union
+
+
+def test_what_the_union_must_judge_is_not_read_as_aplain_request() -> None:
+    for line in (
+        b'{"jsonrpc": "2.0", "id": true, "method": "ping"}',
+        b'{"jsonrpc": "2.0", "id": 1.0, "method": "ping"}',
+        b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "result": {}}',
+        b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": [1]}',
+        b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": NaN}}',
+        b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": "\\ud800"}}',
+        b'[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]',
+    ):
+        assert plain_request(line) is None, line
+    request = plain_request(b'{"jsonrpc": "2.0", "id": "a", "method": "tools/call", "params": {"name": "x"}}')
+    assert isinstance(request, types.JSONRPCRequest) and request.params == {"name": "x"}

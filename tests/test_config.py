@@ -802,3 +802,18 @@ def test_jsonc_errors_name_the_line_and_column() -> None:
     err = error_of('{\n  // c\n  "mcpServers": {"a": {"command": "x"}} oops\n}\n', source="/c/mcp.json")
     assert err.line == 3 and "invalid JSON" in err.problem and "column" in err.problem
     assert "invalid JSON" in error_of("", source="/c/mcp.json").problem
+
+
+def test_a_url_must_be_http_unless_a_variable_gives_all_of_it() -> None:
+    """A literal url is checked where it is written (`localhost:8080/mcp` has no scheme); one that a variable
+    gives whole is the environment's, and a variable inside an http URL is fine."""
+    with pytest.raises(ConfigError, match=r"upstreams\.d\.url: url is not an http:// or https:// address"):
+        parse("upstreams:\n  d: {url: 'localhost:8080/mcp'}\n")
+    ok = parse_config(
+        "upstreams:\n  a: {url: '${DOCS_URL}'}\n  b: {url: 'HTTPS://${HOST:-h}/mcp'}\n",
+        "c.yaml",
+        environ={"DOCS_URL": "http://127.0.0.1:9/mcp"},
+    )
+    assert ok.upstreams["a"].url == "http://127.0.0.1:9/mcp" and ok.upstreams["b"].url == "HTTPS://h/mcp"
+    with pytest.raises(ConfigError, match="command is empty"):
+        parse("upstreams:\n  c: {command: ' '}\n")

@@ -311,8 +311,8 @@ def test_run_from_home_a_project_file_that_is_the_user_file_is_read_once() -> No
 
 
 def test_import_json_masks_the_secrets_it_would_write(tmp_path: Path) -> None:
-    """An `mcp-remote` entry's token comes out of the client's env into a header: `--json` shows
-    the plan with it masked, and only the config file `--write` writes holds it."""
+    """`--json` shows the plan with secret-looking values masked; an `mcp-remote` entry's token, which the
+    user kept in the client's env, stays there: the config gets the ``${AUTH_TOKEN}`` reference."""
     places, config = home_with_config(tmp_path)
     token = "sk-live-4f9a1c2e8b7d"
     desktop = places.home / ".config/Claude/claude_desktop_config.json"
@@ -330,6 +330,11 @@ def test_import_json_masks_the_secrets_it_would_write(tmp_path: Path) -> None:
     assert entries["remote-api"]["headers"] == {"Authorization": "***"}
     assert entries["remote-api"]["url"] == "https://mcp.example/mcp"
     assert entries["local-api"]["env"] == {"API_KEY": "***", "MODE": "fast"}
+    carried = {i["original"]: i["carried"] for i in json.loads(done.stdout)["items"]}
+    assert carried == {"remote-api": ["AUTH_TOKEN"], "local-api": []}  # names, never values
     written = run_import(places, "claude-desktop", "--write")
     assert written.returncode == 0 and token not in written.stdout + written.stderr
-    assert token in config.read_text()
+    assert "AUTH_TOKEN stays in the client's env: the aggregator needs it in its environment" in written.stdout
+    remote_api = load_config(config, environ={"AUTH_TOKEN": "t"}).upstreams["remote-api"]
+    assert remote_api.headers == {"Authorization": "Bearer t"}  # a reference, expanded where the aggregator runs
+    assert "Bearer ${AUTH_TOKEN}" in config.read_text()

@@ -132,3 +132,89 @@ def test_never_touches_what_it_cannot_parse(tmp_path: Path) -> None:
     assert done.returncode == 2 and "upstreams.git.comand" in done.stderr
     assert home.file.read_text() == CLIENT_FILES["cursor"][1] and home.backups() == []
     assert home.run("uninstall", "cursor").returncode == 1  # never installed: nothing to restore
+
+
+def test_an_mcp_remote_token_stays_in_the_client_and_reaches_the_remote(tmp_path: Path) -> None:
+    """`npx mcp-remote URL --header "Authorization: Bearer ${AUTH_TOKEN}"` with the token in the entry's env:
+    install writes the native upstream with the reference into aggregator.yaml, the token into the env of
+    the aggregator's entry in the client's file (where the user had it), and the installed entry reaches
+    the real remote (an `aggregator serve --transport http` that wants that bearer token)."""
+    from tests.conftest import kit_upstream, write_config
+    from tests.test_serve_http import http_aggregator
+
+    token = "sk-live-9c41e07d2b"
+    remote_config = write_config(tmp_path, {"kit": kit_upstream()})
+    with http_aggregator(remote_config, env=aggregator_env(AGGREGATOR_TOKEN=token)) as url:
+        remote = {
+            "command": "npx",
+            "args": ["-y", "mcp-remote", url, "--header", "Authorization: Bearer ${AUTH_TOKEN}"],
+            "env": {"AUTH_TOKEN": token},
+        }
+        original = json.dumps({"mcpServers": {"remote-api": remote}}, indent=2)
+        home = Home(tmp_path, "claude-desktop", original)
+        shown = home.run("install", "claude-desktop", "--serve", "--dry-run")
+        assert shown.returncode == 0 and token not in shown.stdout + shown.stderr
+        done = home.run("install", "claude-desktop", "--serve")
+        assert done.returncode == 0 and token not in done.stdout + done.stderr, done.stderr
+        assert token not in home.config.read_text() and "Bearer ${AUTH_TOKEN}" in home.config.read_text()
+        entry = json.loads(home.file.read_text())["mcpServers"]["aggregator"]
+        assert entry["env"] == {"AUTH_TOKEN": token}
+
+        async def echoed() -> dict[str, Any]:
+            params = StdioServerParameters(
+                command=entry["command"], args=entry["args"], env=aggregator_env(**entry["env"])
+            )
+            async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                inner = {"server": "kit", "tool": "echo", "arguments": {"message": "through"}}
+                args = {"server": "remote-api", "tool": "catalog_call_tool", "arguments": inner}
+                result = await session.call_tool("catalog_call_tool", args)
+                assert not result.is_error, result
+                return {"text": result.content[0].text}  # type: ignore[union-attr]
+
+        assert "through" in anyio.run(echoed)["text"]
+        again = home.run("install", "claude-desktop", "--serve")
+        assert again.returncode == 0 and "already installed" in again.stdout, again.stdout + again.stderr
+        assert home.run("uninstall", "claude-desktop").returncode == 0
+        assert home.file.read_text() == original
+
+
+def test_a_second_install_keeps_the_carried_values_and_renames_a_clash(tmp_path: Path) -> None:
+    """A server added to the client after install, whose header uses the same variable name with another
+    value, gets its own variable: the first server's token in the aggregator's entry is never replaced."""
+
+    def remote(url: str, token: str) -> dict[str, Any]:
+        header = ["--header", "Authorization: Bearer ${AUTH_TOKEN}"]
+        return {"command": "npx", "args": ["mcp-remote", url, *header], "env": {"AUTH_TOKEN": token}}
+
+    home = Home(tmp_path, "claude-desktop", json.dumps({"mcpServers": {"one": remote("https://a.example/mcp", "A")}}))
+    assert home.run("install", "claude-desktop", "--serve").returncode == 0
+    data = json.loads(home.file.read_text())
+    data["mcpServers"]["two-x"] = remote("https://b.example/mcp", "B")
+    home.file.write_text(json.dumps(data))
+    done = home.run("install", "claude-desktop", "--serve")
+    assert done.returncode == 0, done.stderr
+    entry = json.loads(home.file.read_text())["mcpServers"]["aggregator"]
+    assert entry["env"] == {"AUTH_TOKEN": "A", "AUTH_TOKEN_TWO_X": "B"}
+    upstreams = load_config(home.config, environ=entry["env"]).upstreams
+    assert upstreams["one"].headers == {"Authorization": "Bearer A"}
+    assert upstreams["two-x"].headers == {"Authorization": "Bearer B"}
+    doctor = home.run("doctor", "--no-probe")  # in a shell without the tokens: the client has them
+    assert "PROBLEM upstream one" not in doctor.stdout and "AUTH_TOKEN is referenced" not in doctor.stdout
+    assert "note    upstream two-x: ${AUTH_TOKEN_TWO_X} is not set in this shell (the aggregator entry of" in (
+        doctor.stdout
+    )
+    assert "Bearer B" not in doctor.stdout
+
+
+def test_installing_a_carried_token_for_the_shared_service_says_when_the_service_sees_it(tmp_path: Path) -> None:
+    """The shared service has the environment of the `connect` that started it (docs/service.md)."""
+    header = ["--header", "Authorization: Bearer ${AUTH_TOKEN}"]
+    remote = {"command": "npx", "args": ["mcp-remote", "https://a.example/mcp", *header], "env": {"AUTH_TOKEN": "t-9f"}}
+    home = Home(tmp_path, "claude-desktop", json.dumps({"mcpServers": {"one": remote}}))
+    done = home.run("install", "claude-desktop")
+    assert done.returncode == 0 and "t-9f" not in done.stdout + done.stderr, done.stderr
+    assert "note: the aggregator entry's env holds AUTH_TOKEN; the shared service sees it only if claude-desktop" in (
+        done.stdout
+    )
+    assert json.loads(home.file.read_text())["mcpServers"]["aggregator"]["args"][-3] == "connect"

@@ -207,8 +207,8 @@ def test_mcp_remote_entries_import_as_native_oauth_upstreams() -> None:
         "args": ["mcp-remote", "https://x.example/mcp", "--header", "Authorization:${AUTH}"],
         "env": {"AUTH": "Bearer abc"},
     }
-    assert translate(static, "claude") == (
-        {"url": "https://x.example/mcp", "headers": {"Authorization": "Bearer abc"}},
+    assert translate(static, "claude") == (  # the reference stays: the value is the client's secret
+        {"url": "https://x.example/mcp", "headers": {"Authorization": "${AUTH}"}},
         "",
     )
     client = {"client_id": "id1", "client_secret": "s3"}
@@ -371,12 +371,12 @@ async def test_a_sign_in_refused_while_serving_remembers_its_scopes_for_the_next
     store = TokenStore(None)
     config = UpstreamConfig(name="r", transport="http", url="http://127.0.0.1:1/mcp", scopes=["read"])
     serving = Authenticator(store)
-    provider: Any = serving.auth_for(config)
+    provider: Any = serving.auth_for(config).provider  # type: ignore[union-attr]
     assert provider.extra_scope == "read"
     with pytest.raises(SignInRequired, match="aggregator auth login r"):  # a step-up to write, while serving
         await provider.context.redirect_handler("http://as.test/authorize?scope=read+write&state=s")
     assert store.entry("r", config.url)["wanted_scope"] == "read write"
-    login: Any = Authenticator(store, interactive=True, browser="true").auth_for(config)
+    login: Any = Authenticator(store, interactive=True, browser="true").auth_for(config).provider  # type: ignore[union-attr]
     assert login.extra_scope == "read write"
 
 

@@ -186,44 +186,59 @@ def test_auth_help_names_both_token_stores(capsys: pytest.CaptureFixture[str]) -
     assert done.returncode == 0 and "system keyring or in the data dir (0600; AGGREGATOR_TOKEN_STORE chooses)" in text
 
 
-@pytest.mark.server_args("--token-seconds", "2")
+def signed_in(
+    token_store: str, remote: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """`auth login remote` done with `token_store`; the config, loaded as a serving aggregator loads it."""
+    from aggregator.config.load import load_config
+
+    monkeypatch.setenv("AGGREGATOR_TOKEN_STORE", token_store)
+    monkeypatch.setenv("PYTHON_KEYRING_BACKEND", HEADLESS)  # a file-based keyring, in this test's HOME
+    monkeypatch.setenv("HOME", str(remote["data"].parent / "home"))
+    monkeypatch.setenv("AGGREGATOR_BROWSER", BROWSER)
+    assert oauth_run(capsys, remote, "auth", "login", "remote")[0] == 0
+    monkeypatch.delenv("AGGREGATOR_BROWSER")
+    return load_config(Path(remote["config"]), environ={}, cwd=Path(remote["config"]).parent)
+
+
+@pytest.mark.server_args("--token-seconds", "3")
 @pytest.mark.parametrize("token_store", ["file", "keyring"])
-def test_a_logout_while_serving_is_not_undone_by_the_next_refresh(
+@pytest.mark.parametrize("expired", [False, True], ids=["held-token-valid", "held-token-expired"])
+def test_a_logout_while_serving_takes_effect_at_once(
     token_store: str,
+    expired: bool,
     server: AuthServer,  # noqa: F811
     setup_remote: dict[str, Any],  # noqa: F811
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The serving pool holds the access token in memory. After `auth logout` in another terminal the very
+    next call needs a sign-in: the held token is not sent again while it is still valid, and once it has
+    expired it is not refreshed (which would write fresh tokens back and undo the logout)."""
     import anyio
 
-    from aggregator.config.load import load_config
-    from aggregator.faults import Fault, SignInNeeded
+    from aggregator.faults import SignInNeeded
     from aggregator.upstream.pool import UpstreamPool
 
-    monkeypatch.setenv("AGGREGATOR_TOKEN_STORE", token_store)
-    monkeypatch.setenv("PYTHON_KEYRING_BACKEND", HEADLESS)  # a file-based keyring, in this test's HOME
-    monkeypatch.setenv("HOME", str(setup_remote["data"].parent / "home"))
-    monkeypatch.setenv("AGGREGATOR_BROWSER", BROWSER)
-    assert oauth_run(capsys, setup_remote, "auth", "login", "remote")[0] == 0
-    monkeypatch.delenv("AGGREGATOR_BROWSER")
-    config = load_config(Path(setup_remote["config"]), environ={}, cwd=Path(setup_remote["config"]).parent)
+    config = signed_in(token_store, setup_remote, capsys, monkeypatch)
 
-    async def body() -> str:
+    async def body() -> list[str]:
+        answers = []
         async with UpstreamPool.running(config, setup_remote["data"]) as pool:  # a serving aggregator
-            first = await pool.call_tool("remote", "echo", {"text": "one"})
+            for text in ("one", "two"):
+                answers.append(str((await pool.call_tool("remote", "echo", {"text": text}))["content"][0]["text"]))
             logout = await anyio.to_thread.run_sync(oauth_run, capsys, setup_remote, "auth", "logout", "remote")
             assert logout[0] == 0  # as in another terminal
-            await anyio.sleep(2.2)  # the token expires: the next call refreshes it
-            with pytest.raises(Fault):  # the refresh is refused: this call's connection ends
-                await pool.call_tool("remote", "echo", {"text": "two"})
-            await anyio.sleep(0.3)  # past the backoff of that lost connection
-            with pytest.raises(SignInNeeded) as needed:  # and the next start needs a sign-in
+            if expired:
+                await anyio.sleep(3.2)  # the held token expires: the next call would refresh it
+            with pytest.raises(SignInNeeded) as needed:
                 await pool.call_tool("remote", "echo", {"text": "three"})
-            assert "sign-in needed" in needed.value.message
-            return str(first["content"][0]["text"])
+            assert "aggregator auth login remote" in needed.value.message
+            with pytest.raises(SignInNeeded):  # and it stays so: nothing brought the old token back
+                await pool.call_tool("remote", "echo", {"text": "four"})
+        return answers
 
-    assert anyio.run(body) == "one"
+    assert anyio.run(body) == ["one", "two"]
     code, out, _ = oauth_run(capsys, setup_remote, "auth", "status", "--json")
     assert code == 0 and json.loads(out)[0]["state"] == "signed out"  # the logout stands
 

@@ -300,3 +300,64 @@ async def test_a_forged_callback_ends_the_offered_sign_in_and_tells_nobody(
         assert server.stats()["authorization_code"] == 0 and pool.sign_ins.pending("remote") is None
         again = await pool.sign_ins.offer(upstream, "client", done)
         assert not isinstance(again, str) and again.elicitation_id != offer.elicitation_id
+
+
+async def test_a_search_that_loads_offers_the_link_beside_the_upstream_to_that_client_alone(
+    server: AuthServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`catalog_search_tools(load: true)` never fails because one upstream needs a sign-in: it lists it under
+    `failed`, with the sign-in link for a client that opens links (not `aggregator auth login`, a command the
+    user of that client may have no terminal for), and the command for a client that does not."""
+    from tests.conftest import kit_upstream, structured
+
+    config = write_config(tmp_path, {"remote": {"url": server.url}, "kit": kit_upstream()})
+    env = aggregator_env(AGGREGATOR_DATA_DIR=str(tmp_path / "data"))
+    search = {"query": "echo", "load": True}
+    host, plain = Host(), Host(opens_links=False)
+    async with (
+        aggregator_client(config, env=env, errlog=(tmp_path / "err").open("w"), **plain.session_args()) as other,
+    ):
+        with anyio.fail_after(WAIT):
+            found = structured(await other.call_tool("catalog_search_tools", search))
+        [failed] = found["failed"]
+        assert "aggregator auth login remote" in failed["message"] and "sign_in_url" not in failed
+        assert {r["server"] for r in found["results"]} == {"kit"}  # the other upstream is searched all the same
+    async with aggregator_client(config, env=env, errlog=(tmp_path / "err").open("w"), **host.session_args()) as c:
+        with anyio.fail_after(WAIT):
+            found = structured(await c.call_tool("catalog_search_tools", search))
+        [failed] = found["failed"]
+        assert failed["server"] == "remote" and "auth login" not in failed["message"]
+        assert "sign_in_url" in failed["message"] and failed["sign_in_url"].startswith("http://127.0.0.1:")
+        assert {r["server"] for r in found["results"]} == {"kit"}
+        await open_link(failed["sign_in_url"])
+        with anyio.fail_after(WAIT):
+            await host.complete.wait()
+        assert host.completed == [failed["elicitation_id"]]  # the completion names the link it was given
+        again = structured(await c.call_tool("catalog_search_tools", search))
+        assert "failed" not in again or again["failed"] == []
+        assert ("remote", "echo") in {(r["server"], r["tool"]) for r in again["results"]}
+
+
+async def test_a_search_link_reaches_only_the_client_that_searched(
+    server: AuthServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Two clients that open links search at once through one HTTP aggregator: the first is offered the link;
+    the second sees no link of it (a sign-in is under way elsewhere), and only the first hears the completion."""
+    from tests.conftest import structured
+
+    config, env = remote(tmp_path, server)
+    a, b = Host(), Host()
+    search = {"query": "echo", "load": True}
+    async with http_clients(config, env, a, b) as (_url, (client_a, client_b)):
+        with anyio.fail_after(WAIT):
+            [offered] = structured(await client_a.call_tool("catalog_search_tools", search))["failed"]
+            [other] = structured(await client_b.call_tool("catalog_search_tools", search))["failed"]
+        assert offered["sign_in_url"] and "sign_in_url" not in other
+        assert offered["sign_in_url"] not in json.dumps(other) and "under way in another client" in other["message"]
+        await open_link(offered["sign_in_url"])
+        with anyio.fail_after(WAIT):
+            await a.complete.wait()
+        await anyio.sleep(0.2)
+        assert a.completed == [offered["elicitation_id"]] and b.completed == []

@@ -10,7 +10,9 @@ serves a line-based client (tests/raw_harness.py).
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import socket
 import sys
 from collections.abc import Iterator
@@ -25,6 +27,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from mcp_types.jsonrpc import CONNECTION_CLOSED
 
+from aggregator.downstream import stdio
 from aggregator.proxy.server import AggregatorServer
 from tests.conftest import kit_upstream
 from tests.raw_harness import LineClient, raw_bench, raw_clients
@@ -32,6 +35,7 @@ from tests.raw_harness import LineClient, raw_bench, raw_clients
 CALL_TIMEOUT = 1.0
 ARG = {"name": "name", "value": "A"}
 TEMPLATE = "testkit://items/{item_id}"
+ROGUE = Path(__file__).with_name("rogue_upstream.py")
 Bench = tuple[BlockingPortal, AggregatorServer, LineClient, Path]
 
 
@@ -331,6 +335,102 @@ def test_a_dead_or_oversized_upstream_fails_the_call_as_on_the_full_path(tmp_pat
             # No tools/list came first: the first direct call starts the direct upstreams on the full path
             # (lazy start), the next rawkit call goes raw, and twin's never do.
             assert (server.raw.taken, server.raw.fallbacks) == (1, {"target": 1, "call_path": 2})
+
+    anyio.run(scenario)
+
+
+def test_an_upstream_killed_with_raw_calls_in_flight_fails_each_of_them_at_once(tmp_path: Path) -> None:
+    """SIGKILL to the upstream while three raw calls wait on it: each gets the lost-upstream fault
+    (no hang until the call timeout), nothing is left in flight, and the next call starts it again."""
+    config = twin_config(tmp_path)
+
+    async def scenario() -> None:
+        async with raw_bench(config) as (server, client):
+            pid = int((await client.call("rawkit__pid"))["result"]["content"][0]["text"])
+            taken = server.raw.taken
+            answers = [client.expect(f"slow-{i}") for i in range(3)]
+            call = {"name": "rawkit__slow", "arguments": {"seconds": 30, "steps": 0}}
+            for i in range(3):
+                await client.send({"jsonrpc": "2.0", "id": f"slow-{i}", "method": "tools/call", "params": call})
+            with anyio.fail_after(5):
+                while server.pool.connection("rawkit").busy < 3:
+                    await anyio.sleep(0.01)
+            os.kill(pid, signal.SIGKILL)
+            with anyio.fail_after(CALL_TIMEOUT * 0.9):  # sooner than the call timeout: not a timeout
+                faults = [await answer.receive() for answer in answers]
+            for fault in faults:
+                assert fault["result"]["isError"] is True, fault
+                text = fault["result"]["content"][0]["text"]
+                assert "upstream_error" in text and "exited" in text, text
+            assert server.raw.taken == taken + 3
+            with anyio.fail_after(5):
+                while server.pool.connection("rawkit").busy:
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.3)  # past the backoff of the failure
+            again = await client.call("rawkit__echo", {"message": "again"})
+            assert again["result"]["content"][0]["text"] == "again", again
+
+    anyio.run(scenario)
+
+
+def test_an_upstream_that_dies_after_half_an_answer_fails_every_call_in_flight(tmp_path: Path) -> None:
+    """A raw call waiting (a log call that sleeps), then another whose answer the upstream cuts in the
+    middle before it exits: both get the lost-upstream fault at once, nothing hangs."""
+    rogue = {"command": sys.executable, "args": [str(ROGUE)], "expose": "direct", "timeouts": {"call": 20}}
+    config = tmp_path / "aggregator.yaml"
+    config.write_text(json.dumps({"upstreams": {"rogue": rogue}}))
+
+    async def scenario() -> None:
+        async with raw_bench(config) as (server, client):
+            await client.request("tools/list")  # the direct tools known: the calls below take the raw path
+            taken = server.raw.taken
+            waiting = client.expect("waiting")
+            call = {"name": "rogue__log", "arguments": {"text": "hi", "seconds": 30}}
+            await client.send({"jsonrpc": "2.0", "id": "waiting", "method": "tools/call", "params": call})
+            with anyio.fail_after(5):
+                cut = await client.call("rogue__cut")
+                left = await waiting.receive()
+            for answer in (cut, left):
+                text = answer["result"]["content"][0]["text"]
+                assert answer["result"]["isError"] is True and "upstream_error" in text and "exited" in text, text
+            assert server.raw.taken == taken + 2
+
+    anyio.run(scenario)
+
+
+def test_requests_started_from_the_read_callback_keep_every_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Most raw calls start in the client's read callback (`_Inbound.start_now`); what it must not take
+    (a reused id in flight, a request for the SDK) still goes through `route` and its rules."""
+    started: list[Any] = []
+    start_now = stdio._Inbound.start_now
+
+    def counted(self: Any, line: bytes) -> bool:
+        taken = start_now(self, line)
+        started.append(taken)
+        return bool(taken)
+
+    monkeypatch.setattr(stdio._Inbound, "start_now", counted)
+    config = twin_config(tmp_path)
+
+    async def scenario() -> None:
+        async with raw_bench(config) as (server, client):
+            await client.request("tools/list")  # the direct tools known: the calls below take the raw path
+            for i in range(5):
+                answer = await client.call("rawkit__echo", {"message": f"m{i}"})
+                assert answer["result"]["content"][0]["text"] == f"m{i}"
+            assert started.count(True) == 4  # the first raw call starts the lane's supervisor, from a task
+            answer = await slow_call(server, client, "same")
+            duplicates = server.raw.fallbacks.get("duplicate_id", 0)
+            reused = await client.request("tools/call", echo("again"), request_id="same")  # the id is in flight
+            assert server.raw.fallbacks["duplicate_id"] == duplicates + 1
+            assert reused["result"]["content"][0]["text"] == "again"
+            await client.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "same"}})
+            assert (await client.request("tools/list"))["result"]["tools"]  # the SDK's, from the read callback too
+            with anyio.move_on_after(0.2):
+                await answer.receive()
+                pytest.fail("a cancelled request was answered")
 
     anyio.run(scenario)
 

@@ -159,15 +159,15 @@ async def _call(args: argparse.Namespace, config: AggregatorConfig, settings: Se
     async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         family = _family(pool, config)
         hints = _Hints(pool, args.server, args.tool)
-        schema: Mapping[str, Any] = {}
-        if args.pairs:  # the schema says which values stay strings; the describe path proves the tool exists
-            described = await _ask(family.describe_tool, {"server": args.server, "tool": args.tool})
-            if described.is_error:
-                return _print_payload(described, args.json, _description_text, hints)
-            schema = _structured(described)["input_schema"]
+        # the schema says which values stay strings and which are required; describing proves the tool exists
+        described = await _ask(family.describe_tool, {"server": args.server, "tool": args.tool})
+        if described.is_error:
+            return _print_payload(described, args.json, _description_text, hints)
+        schema: Mapping[str, Any] = _structured(described)["input_schema"]
         try:
             arguments = parse_call_arguments(args.arguments_json, args.pairs, schema)
             unknown = _unknown_parameters(args.tool, args.pairs, schema)
+            _check_required(args.server, args.tool, arguments, _structured(described)["required"], unknown)
         except ValueError as exc:
             print(f"aggregator call: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
@@ -225,6 +225,21 @@ def _unknown_parameters(tool: str, pairs: list[str], schema: Mapping[str, Any]) 
     if schema.get("additionalProperties") is False:
         raise ValueError(text)
     return text
+
+
+def _check_required(
+    server: str, tool: str, arguments: Mapping[str, Any], required: list[str], unknown: str = ""
+) -> None:
+    """ValueError naming the required arguments not given (the tool would refuse the call anyway, often with
+    a screenful of its validator's text), with the command line that gives them all; `unknown` says which
+    given keys the tool does not name (a typo is the usual reason a required one is missing)."""
+    missing = [key for key in required if key not in arguments]
+    if missing:
+        example = " ".join(f"{key}=<{key}>" for key in required)
+        typo = f"; {unknown}" if unknown else ""
+        raise ValueError(
+            f"{tool} needs {', '.join(missing)} (not given{typo}); e.g. aggregator call {server} {tool} {example}"
+        )
 
 
 def strict_json(text: str, what: str) -> Any:

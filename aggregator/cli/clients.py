@@ -32,7 +32,7 @@ from aggregator.config.client_files import (
     read_client_file,
 )
 from aggregator.config.config_file import decode_text, read_text
-from aggregator.config.importing import ImportPlan, everything_set, plan_import
+from aggregator.config.importing import ImportPlan, everything_set, is_aggregator_entry, plan_import
 from aggregator.config.installing import (
     Backup,
     aggregator_entry,
@@ -191,7 +191,9 @@ async def _import(args: argparse.Namespace, settings: Settings) -> int:
             "config": str(target),
             "section": section,
             "sources": [str(f.path) for f in files],
-            "items": [{**asdict(item), "entry": shown_entry(item.entry)} for item in plan.items],
+            "items": [
+                {**asdict(item), "entry": shown_entry(item.entry), "carried": list(item.carried)} for item in plan.items
+            ],
             "problems": problems,
             "written": written is not None,
             "backup": str(saved) if saved else None,
@@ -336,19 +338,22 @@ def install_client(
     source = read_client_file(file) if original is not None else ClientServers(file, {})
     if current_text(file.path) != original:
         raise FileChanged(file.path)
-    plan = plan_import(existing, [source], target=str(target), section=section)
+    before = installed_env(source)
+    plan = plan_import(existing, [source], target=str(target), section=section, carried=before)
     keep = {
         item.original: source.servers[item.original]
         for item in plan.items
         if item.action == "skip" and item.note != "already the aggregator"
     }
-    entry = aggregator_entry(file, target, shared=shared)
+    env = before | {name: value for item in plan.items for name, value in item.carried.items()}
+    entry = aggregator_entry(file, target, shared=shared, env=env)
     if original is not None and servers_in(parse_document(original, file), file) == {RESERVED_NAME: entry, **keep}:
         return f"{file.client}: already installed in {file.path}; nothing to change"
     new_text = rewrite(original or "", file, keep, entry)
     if dry_run:
         shown = render_plan(plan, [file], [], False, None, hint="install would add them to")
-        return f"{shown}\n\nwould write {file.path}:\n{new_text}"
+        masked = aggregator_entry(file, target, shared=shared, env=dict.fromkeys(env, REDACTED))
+        return f"{shown}\n\nwould write {file.path}:\n{rewrite(original or '', file, redacted(keep), masked)}"
     if plan.additions():
         write_plan(plan, target, config_text)
     elif not target.exists():
@@ -359,7 +364,29 @@ def install_client(
         f"{file.client}: {file.path} now starts the aggregator with {target}; {count(moved, 'server')} moved behind it"
         + (f", {len(keep)} kept in the client ({', '.join(keep)}: see import)" if keep else "")
         + f". Original kept as {saved}; undo with: aggregator uninstall {file.client}"
+        + (_shared_env_note(env, file.client) if shared else "")
     )
+
+
+def _shared_env_note(env: dict[str, str], client: str) -> str:
+    """The shared service has the environment of the `connect` that started it: variables carried into this
+    client's entry reach it only when this client starts it (docs/import-secrets.md)."""
+    if not env:
+        return ""
+    names = ", ".join(sorted(env))
+    them = "it" if len(env) == 1 else "them"
+    return (
+        f"\nnote: the aggregator entry's env holds {names}; the shared service sees {them} only if {client} starts "
+        f"it (stop a running one with: aggregator service stop; or use: aggregator install {client} --serve)"
+    )
+
+
+def installed_env(source: ClientServers) -> dict[str, str]:
+    """The env of the aggregator's entry in the client's file: the values an earlier install carried there
+    (or the user put there). A new install keeps them, and adds what the servers it imports refer to."""
+    entry = source.servers.get(RESERVED_NAME)
+    env = entry.get("env") if isinstance(entry, dict) and is_aggregator_entry(entry) else None
+    return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
 
 
 def _write_client(file: ClientFile, original: str | None, new_text: str) -> Path:

@@ -36,10 +36,55 @@ log = get_logger(__name__)
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors in one line (exit 2), like config errors; subcommand parsers are made of it too."""
+    """Usage errors in one line (exit 2), like config errors; subcommand parsers are made of it too.
+
+    An option this parser does not know is the error named, whatever argparse tripped over first
+    (`aggregator --bogus` is missing its COMMAND too, but the option is what the user got wrong).
+    """
+
+    _words: list[str] = []  # noqa: RUF012 - replaced per instance by parse_known_args
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._words = [str(word) for word in (sys.argv[1:] if args is None else args)]
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> typing.NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {_with_suggestion(message)} (see {self.prog} --help)\n")
+        unknown = unknown_option(self, self._words)
+        said = unknown if unknown is not None else _with_suggestion(message)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {said} (see {self.prog} --help)\n")
+
+
+def unknown_option(parser: argparse.ArgumentParser, words: Sequence[str]) -> str | None:
+    """ "unknown option '--lmit'; did you mean '--limit'?" for the first option in `words` that `parser` does not
+    take (as argparse reads them: up to `--`, and for a parser of commands up to the command), else None."""
+    known = parser._option_string_actions
+    commands = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    takes_value = False
+    for index, word in enumerate(words):
+        if takes_value:
+            takes_value = False
+            continue
+        if word == "--" or (commands is not None and word in commands):
+            return None
+        if not word.startswith("-") or word == "-" or parser._negative_number_matcher.match(word):
+            continue
+        option = word.partition("=")[0]
+        matches = [o for o in known if o == option or (len(option) > 2 and o.startswith(option))]
+        if matches:
+            takes_value = "=" not in word and known[matches[0]].nargs != 0
+            continue
+        owner = _command_taking(option, commands, words[index + 1 :]) if commands is not None else None
+        if owner is not None:
+            return f"{option!r} is an option of {owner!r}: put it after the command"
+        guess = closest(option.lstrip("-"), [o.lstrip("-") for o in known if o.startswith("--")])
+        return f"unknown option {option!r}" + (f"; did you mean '--{guess}'?" if guess else "")
+    return None
+
+
+def _command_taking(option: str, commands: Any, rest: Sequence[str]) -> str | None:
+    """The command among `rest` whose parser takes `option` (`aggregator --port 1 serve`), else None."""
+    named = next((word for word in rest if word in commands), None)
+    return named if named is not None and option in commands[named]._option_string_actions else None
 
 
 _INVALID_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (?P<choices>.*)\)$")
@@ -51,13 +96,17 @@ def _with_suggestion(message: str) -> str:
     if found is None:
         return message
     choices = re.findall(r"'([^']*)'", found["choices"]) or found["choices"].split(", ")
-    guess = closest(found["word"], choices)
+    word = found["word"]
     what = (
         "unknown command" if message.startswith("argument COMMAND:") else f"{message[: found.start()]}invalid choice:"
     )
+    starting = sorted(choice for choice in choices if word and choice.startswith(word))
+    if len(starting) > 1:  # `install claude`: claude-code or claude-desktop, not the closer spelling alone
+        return f"{what} {word!r}; did you mean {' or '.join(repr(choice) for choice in starting)}?"
+    guess = closest(word, choices)
     if guess is None:
-        return f"{what} {found['word']!r} (choose from {', '.join(choices)})"
-    return f"{what} {found['word']!r}; did you mean {guess!r}?"
+        return f"{what} {word!r} (choose from {', '.join(choices)})"
+    return f"{what} {word!r}; did you mean {guess!r}?"
 
 
 def _port(text: str) -> int:

@@ -32,6 +32,7 @@ from aggregator.config.load import load_config, written_servers
 from aggregator.settings import Settings, resolve_data_dir
 from aggregator.table import count
 from aggregator.upstream.oauth_signin import login_command
+from aggregator.upstream.start_errors import install_hint
 
 __all__ = ["register"]
 
@@ -67,12 +68,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 async def _doctor(args: argparse.Namespace, settings: Settings) -> int:
     findings: list[Finding] = []
-    config = check_config(getattr(args, "config", None), os.environ, Path.cwd(), findings)
+    places = Places.here()
+    config = check_config(getattr(args, "config", None), os.environ, Path.cwd(), findings, set_by_clients(places))
     data_dir = resolve_data_dir(getattr(args, "data_dir", None), settings)
     if config is not None:
         await check_upstreams(config, findings, probe=not args.no_probe, data_dir=data_dir)
     findings.append(check_data_dir(data_dir))
-    findings += check_clients(Places.here())
+    findings += check_clients(places)
     findings.append(check_service(args))
     problems = sum(f.level == "problem" for f in findings)
     if args.json:
@@ -87,9 +89,16 @@ async def _doctor(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def check_config(
-    explicit: Path | None, environ: Mapping[str, str], cwd: Path, findings: list[Finding]
+    explicit: Path | None,
+    environ: Mapping[str, str],
+    cwd: Path,
+    findings: list[Finding],
+    set_by_clients: Mapping[str, list[str]] | None = None,
 ) -> AggregatorConfig | None:
-    """The config as it loads with the variables that are set; None when it cannot load at all."""
+    """The config as it loads with the variables that are set; None when it cannot load at all.
+
+    `set_by_clients`: variable → the clients whose aggregator entry sets it in its `env` (install carries
+    a token there, docs/import-secrets.md): unset in this shell, it is a note rather than a problem."""
     try:
         path, why = config_lookup(explicit, environ, cwd)
     except ConfigError as exc:
@@ -110,6 +119,12 @@ def check_config(
     findings.append(Finding("ok", "config", "valid" + (" (variables aside)" if missing else "")))
     for name, variables in missing.items():
         for variable in variables:
+            clients = (set_by_clients or {}).get(variable)
+            if clients:
+                where = f"the aggregator entry of {', '.join(clients)} sets it, so the upstream works there"
+                detail = f"${{{variable}}} is not set in this shell ({where}); not probed here"
+                findings.append(Finding("note", f"upstream {name}", detail))
+                continue
             findings.append(
                 Finding(
                     "problem",
@@ -178,7 +193,7 @@ async def check_upstreams(
             why = "no issuer: its client credentials go to whichever authorization server the MCP server names"
             fix = "set `issuer` to the URL of your authorization server"
             findings.append(Finding("note", f"upstream {name}", why, fix))
-        problem = _command_problem(upstream) if upstream.transport == "stdio" else await _url_problem(upstream)
+        problem = command_problem(upstream) if upstream.transport == "stdio" else await _url_problem(upstream)
         if problem is not None:
             findings.append(problem)
         else:
@@ -226,7 +241,8 @@ def _unprobed(upstream: UpstreamConfig, store: Any) -> Finding:
     return Finding("ok", subject, f"found (not probed); {state}")
 
 
-def _command_problem(upstream: UpstreamConfig) -> Finding | None:
+def command_problem(upstream: UpstreamConfig) -> Finding | None:
+    """Why a stdio upstream's command cannot start here (not on PATH, not executable, no cwd), else None."""
     subject = f"upstream {upstream.name}"
     command = upstream.command or ""
     search_path = upstream.env.get("PATH", os.environ.get("PATH", ""))
@@ -236,9 +252,8 @@ def _command_problem(upstream: UpstreamConfig) -> Finding | None:
         if not os.access(command, os.X_OK) or not Path(command).is_file():
             return Finding("problem", subject, f"{command} is not an executable file", "install it or correct command")
     elif shutil.which(command, path=search_path) is None:
-        return Finding(
-            "problem", subject, f"command {command!r} is not on PATH", "install it, or give its absolute path"
-        )
+        how = install_hint(command) or "install it"
+        return Finding("problem", subject, f"command {command!r} is not on PATH", f"{how}, or give its absolute path")
     return None
 
 
@@ -297,6 +312,23 @@ def _gone_launchers(file: Any, entries: list[dict[str, Any]]) -> list[Finding]:
         for entry in entries
         if isinstance(entry.get("command"), str) and missing_command(entry["command"])
     ]
+
+
+def set_by_clients(places: Places) -> dict[str, list[str]]:
+    """Variable → the clients (labels) whose aggregator entry sets it in its `env`."""
+    found: dict[str, list[str]] = {}
+    for file in client_files(places):
+        if not file.path.is_file():
+            continue
+        try:
+            servers = read_client_file(file).servers
+        except ConfigError:
+            continue  # check_clients reports it
+        for entry in servers.values():
+            if isinstance(entry, dict) and is_aggregator_entry(entry) and isinstance(entry.get("env"), dict):
+                for variable in entry["env"]:
+                    found.setdefault(str(variable), []).append(file.label)
+    return found
 
 
 def check_clients(places: Places) -> list[Finding]:

@@ -9,11 +9,14 @@ while we edited it is left alone (run the command again).
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from aggregator.cli.clients import existing_servers, read_sources, resolve_sources, target_config, write_plan
+from aggregator.cli.doctor import command_problem
 from aggregator.cli.exit_codes import EXIT_USAGE
 from aggregator.config import ConfigError, parse_config, user_config_file
 from aggregator.config.client_files import CLIENTS, Places
@@ -145,6 +148,9 @@ async def _add(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_USAGE
     what = entry.get("url") or " ".join([entry["command"], *entry.get("args", [])])
     print(f"{'replaced' if taken else 'added'} {args.name} ({what}) in {target}")
+    note = _command_note(args.name, entry, target)
+    if note is not None:  # written all the same: the user may install it next
+        print(f"aggregator add: note: {note}", file=sys.stderr)
     sign_in = f"; if it asks for a sign-in: aggregator auth login {args.name}" if entry.get("url") else ""
     print(f"try: aggregator tools {args.name}{sign_in}")
     return 0
@@ -155,6 +161,19 @@ def _pair(word: str) -> tuple[str, str]:
     if not sep or not key:
         raise ValueError(f"--env {word!r} is not KEY=VALUE")
     return key, value
+
+
+def _command_note(name: str, entry: dict[str, Any], target: Path) -> str | None:
+    """What `doctor` would say about a new local entry's command (not on PATH, not executable), else None."""
+    if "command" not in entry:
+        return None
+    try:
+        config = parse_config(json.dumps({"upstreams": {name: entry}}), str(target), environ=os.environ)
+    except ConfigError:
+        return None  # e.g. a variable set only where the aggregator runs: doctor checks it there
+    upstream = config.upstreams.get(name)
+    finding = command_problem(upstream) if upstream is not None else None
+    return None if finding is None else f"{finding.detail}; fix: {finding.fix}"
 
 
 async def _remove(args: argparse.Namespace, settings: Settings) -> int:

@@ -145,7 +145,7 @@ async def search(args: argparse.Namespace, config: AggregatorConfig, settings: S
     if args.json:
         print(json.dumps(payload, indent=2, ensure_ascii=False))
     elif result.is_error:
-        print(payload.get("error", {}).get("message", "search failed"), file=sys.stderr)
+        print(f"aggregator search: {payload.get('error', {}).get('message', 'search failed')}", file=sys.stderr)
     else:
         print(format_results_table(payload))
         if explanation:

@@ -239,6 +239,12 @@ def _build_upstream(
     _check_endpoint(raw, url, url_key, path, ctx)
     _check_auth(raw, path, ctx)
     transport = resolve_transport(raw, url, path, ctx)
+    if url is not None and not url.startswith("${") and not _WEB_URL.match(url):  # a transport we speak: HTTP
+        raise ctx.error(
+            (*path, url_key),
+            f"{url_key} is not an http:// or https:// address",
+            f"write the server's address, e.g. {url_key}: https://example.com/mcp (a local program goes in command:)",
+        )
     expand = Expander(ctx, path)
     env = dict(raw.env)
     if client is not None and client.envFile is not None:
@@ -293,6 +299,9 @@ def _build_upstream(
     )
 
 
+_WEB_URL = re.compile(r"https?://[^/\s?#]", re.IGNORECASE)  # a scheme we speak, and a host (which may be ${HOST})
+
+
 def _check_endpoint(raw: RawUpstream, url: str | None, url_key: str, path: KeyPath, ctx: Context) -> None:
     """Exactly one of command/url, and no settings that belong to the other kind."""
     if raw.command is not None and url is not None:
@@ -306,6 +315,10 @@ def _check_endpoint(raw: RawUpstream, url: str | None, url_key: str, path: KeyPa
             path,
             "neither command nor url is given",
             "add command: (and args:) to start a local server, or url: to reach a remote one",
+        )
+    if raw.command is not None and not raw.command.strip():
+        raise ctx.error(
+            (*path, "command"), "command is empty", "give the program that starts the server, e.g. command: uvx"
         )
     if url is not None:
         for key in ("args", "env", "cwd"):

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from aggregator.config.client_files import ClientServers
 from aggregator.config.errors import ConfigError
+from aggregator.config.expand import required_variables
 from aggregator.config.load import parse_config
 from aggregator.config.models import NAME_PATTERN, RESERVED_NAME
 
@@ -28,6 +29,7 @@ __all__ = [
     "ENDPOINT_KEYS",
     "ImportItem",
     "ImportPlan",
+    "carried_variables",
     "client_only_variable",
     "everything_set",
     "is_aggregator_entry",
@@ -50,6 +52,10 @@ class ImportItem:
     source: str  # the client file
     note: str = ""
     entry: dict[str, Any] = field(default_factory=dict)
+    # Variables the entry refers to (``${AUTH_TOKEN}`` in a header) whose values the client's entry
+    # holds in its `env`: they stay out of aggregator.yaml; the aggregator needs them in its environment
+    # (install puts them in the env of its entry in the client's file). Never printed.
+    carried: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -145,7 +151,8 @@ def mcp_remote(entry: Mapping[str, Any]) -> dict[str, Any] | None:
     """A `npx mcp-remote URL [--header K:V] [--transport sse-only|http-only] [--static-oauth-client-info
     JSON]` entry as the native remote upstream it wraps (`url:` with `auth: oauth`), else None.
 
-    `${VAR}` in a header is mcp-remote's reference to the entry's `env`; its value is taken from there.
+    `${VAR}` in a header is mcp-remote's reference to the entry's `env`: it stays a reference (the
+    value is a secret the user kept out of the arguments; `carried_variables` says where it is).
     """
     command = entry.get("command")
     args = [str(a) for a in entry.get("args") or [] if isinstance(a, str | int)]
@@ -157,13 +164,11 @@ def mcp_remote(entry: Mapping[str, Any]) -> dict[str, Any] | None:
     url = next((a for a in rest if re.match(r"https?://", a)), None)
     if url is None:
         return None
-    env: Mapping[str, Any] = entry["env"] if isinstance(entry.get("env"), Mapping) else {}
     out: dict[str, Any] = {"url": url, "auth": "oauth"}
     for flag, value in itertools.pairwise(rest):
         if flag == "--header" and ":" in value:
             key, _, text = value.partition(":")
-            text = re.sub(r"\$\{(\w+)\}", lambda m: str(env.get(m.group(1), m.group(0))), text.strip())
-            out.setdefault("headers", {})[key.strip()] = text
+            out.setdefault("headers", {})[key.strip()] = text.strip()
         elif flag == "--transport" and value in _REMOTE_TRANSPORTS:
             out["type"] = _REMOTE_TRANSPORTS[value]
         elif flag == "--static-oauth-client-info":
@@ -173,6 +178,17 @@ def mcp_remote(entry: Mapping[str, Any]) -> dict[str, Any] | None:
     if any(key.lower() == "authorization" for key in out.get("headers", {})):
         del out["auth"]  # a static token: no sign-in
     return out
+
+
+def carried_variables(raw: Any, entry: Mapping[str, Any]) -> dict[str, str]:
+    """The variables a remote `entry` (translated from the client's `raw`) refers to in its url or
+    headers whose values `raw`'s `env` holds: what the aggregator's environment must supply."""
+    env = raw.get("env") if isinstance(raw, Mapping) else None
+    if "command" in entry or not isinstance(env, Mapping):
+        return {}
+    texts = [entry.get("url"), *(entry.get("headers") or {}).values()]
+    names = {name for text in texts if isinstance(text, str) for name in required_variables(text)}
+    return {name: str(env[name]) for name in sorted(names) if isinstance(env.get(name), str | int | float)}
 
 
 def _codex_keys(entry: Mapping[str, Any], out: dict[str, Any]) -> None:
@@ -248,11 +264,18 @@ class _Names:
 
 
 def plan_import(
-    existing: Mapping[str, Any], sources: Iterable[ClientServers], *, target: str, section: str
+    existing: Mapping[str, Any],
+    sources: Iterable[ClientServers],
+    *,
+    target: str,
+    section: str,
+    carried: Mapping[str, str] | None = None,
 ) -> ImportPlan:
-    """What importing `sources` into a config whose servers are `existing` would do."""
+    """What importing `sources` into a config whose servers are `existing` would do; `carried`: the
+    variables already carried to the aggregator (its entry's env), which a new one must not change."""
     names = _Names(existing)
     items: list[ImportItem] = []
+    taken = dict(carried or {})  # variables carried so far, and their values
     for source in sources:
         client, where = source.file.client, str(source.file.path)
         for raw_name, raw in source.servers.items():
@@ -268,8 +291,53 @@ def plan_import(
             if entry is None:
                 items.append(ImportItem("skip", name, original, client, where, why))
                 continue
-            items.append(_place(ImportItem("add", name, original, client, where, entry=entry), names))
+            entry, carried = _own_variables(entry, carried_variables(raw, entry), name, taken)
+            item = _place(ImportItem("add", name, original, client, where, entry=entry, carried=carried), names)
+            items.append(_say_carried(item))
     return ImportPlan(target=target, section=section, items=items)
+
+
+def _own_variables(
+    entry: dict[str, Any], carried: dict[str, str], name: str, taken: dict[str, str]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """`entry` and its carried variables, a variable renamed ``VAR_NAME`` where an earlier entry carries the
+    same variable with another value (two clients' ``AUTH_TOKEN``s); `taken` records what is carried."""
+    own: dict[str, str] = {}
+    for variable, value in carried.items():
+        chosen, number = variable, 2
+        suffix = re.sub(r"\W", "_", name).upper()
+        while taken.get(chosen, value) != value:
+            chosen = f"{variable}_{suffix}" + (f"_{number - 1}" if number > 2 else "")
+            number += 1
+        if chosen != variable:
+            entry = _renamed_variable(entry, variable, chosen)
+        taken[chosen] = own[chosen] = value
+    return entry, own
+
+
+def _renamed_variable(entry: dict[str, Any], old: str, new: str) -> dict[str, Any]:
+    """`entry` with its url's and headers' references to `old` made references to `new`."""
+    pattern = re.compile(r"\$\{(env:)?" + re.escape(old) + r"(?=[}:])")
+
+    def swap(text: str) -> str:
+        return pattern.sub(lambda m: "${" + (m.group(1) or "") + new, text)
+
+    out = dict(entry)
+    if isinstance(out.get("url"), str):
+        out["url"] = swap(out["url"])
+    if isinstance(out.get("headers"), Mapping):
+        out["headers"] = {k: swap(v) if isinstance(v, str) else v for k, v in out["headers"].items()}
+    return out
+
+
+def _say_carried(item: ImportItem) -> ImportItem:
+    """The item's note names the variables the aggregator's environment must hold (not their values)."""
+    if not item.carried:
+        return item
+    names = ", ".join(item.carried)
+    said = f"{names} stay{'s' if len(item.carried) == 1 else ''} in the client's env: the aggregator needs it"
+    said += " in its environment (install puts it in the aggregator's entry)"
+    return replace(item, note=f"{item.note}; {said}" if item.note else said)
 
 
 def _place(item: ImportItem, names: _Names) -> ImportItem:

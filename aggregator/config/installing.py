@@ -57,9 +57,15 @@ def entry_args(config: Path, *, shared: bool = True) -> list[str]:
     return ["connect" if shared else "serve", "--config", str(config.absolute())]
 
 
-def aggregator_entry(file: ClientFile, config: Path, *, shared: bool = True) -> dict[str, Any]:
+def aggregator_entry(
+    file: ClientFile, config: Path, *, shared: bool = True, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The client's one entry for the aggregator; `env`: variables the imported servers' config refers to
+    whose values the client's file held (an mcp-remote entry's token), kept in this file rather than the YAML."""
     command, *args = aggregator_command()
     entry: dict[str, Any] = {"command": command, "args": [*args, *entry_args(config, shared=shared)]}
+    if env:
+        entry["env"] = dict(env)
     if file.client == "vscode":
         entry = {"type": "stdio", **entry}
     return entry

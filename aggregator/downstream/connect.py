@@ -74,13 +74,26 @@ def parse_args(argv: Sequence[str]) -> dict[str, str]:
             continue
         name, has_value, value = word.partition("=")
         if name not in OPTIONS:
-            raise SystemExit(f"aggregator connect: unrecognized argument {word!r}\n{USAGE}")
+            what = "unknown option" if word.startswith("-") else "unexpected argument"
+            raise _usage_error(f"{what} {word!r}", name)
         if not has_value:
             if not words:
-                raise SystemExit(f"aggregator connect: {name} needs a value")
+                raise _usage_error(f"{name} needs a value")
             value = words.pop(0)
         found[name[2:]] = value
     return found
+
+
+def _usage_error(problem: str, word: str = "") -> SystemExit:
+    """Says `problem` in one line on stderr, as the other commands' usage errors do; the exit (code 2) to raise.
+
+    (It returns the exit rather than raising it: `typing.NoReturn` would cost `connect` an import.)"""
+    from aggregator.suggest import closest  # difflib: only on this path
+
+    guess = closest(word.lstrip("-"), [o.lstrip("-") for o in (*OPTIONS, *FLAGS)]) if word.startswith("-") else None
+    hint = f"; did you mean '--{guess}'?" if guess else ""
+    _say(f"error: {problem}{hint} (see aggregator connect --help)")
+    return SystemExit(2)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,14 +16,16 @@ What the client sends is checked line by line (`client_messages`): a line that i
 valid request is answered with the JSON-RPC error it deserves, an oversized one
 is skipped, and the session goes on. At most `max_in_flight` requests are with
 the server at once and as many more wait in a backlog; past that, stdin is not
-read until an answer has been written to stdout, so a client that stops reading
-its answers stops us reading its requests instead of growing our memory. When stdin ends, requests still
+read (beyond the few chunks `PipeReader` reads ahead) until an answer has been written to
+stdout, so a client that stops reading its answers stops us reading its requests instead of
+growing our memory. When stdin ends, requests still
 running get `drain_seconds` to finish; whatever is left is cancelled and
 answered with an error, and every answer is flushed before we return.
 """
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import selectors
@@ -48,14 +50,15 @@ from aggregator.downstream.client_messages import (
     SkippingLineSplitter,
     error_line,
     parse_client_line,
+    plain_request,
     refuse_oversized,
 )
 from aggregator.log import get_logger
-from aggregator.wire import encode
+from aggregator.pipe_reader import READ_CHUNK, PipeReader, whole_line, write_some
+from aggregator.wire import MAX_MESSAGE_BYTES, encode
 
 log = get_logger(__name__)
 
-READ_CHUNK = 1 << 16
 FLUSH_SECONDS = 5.0
 LONG_LIVED = frozenset({"subscriptions/listen"})  # open for the whole session: not waited for at EOF
 
@@ -107,6 +110,7 @@ class InFlight:
         self.queued = 0  # requests read but waiting for room (the backlog)
         self._methods: dict[Any, str] = {}
         self._changed = anyio.Event()
+        self._waiting = 0  # tasks in `_wait`
         self.closed = False  # stdout is gone: nobody waits for room any more
 
     def __len__(self) -> int:
@@ -137,9 +141,17 @@ class InFlight:
         self._wake()
 
     def _wake(self) -> None:
-        if self._changed.statistics().tasks_waiting:  # else nobody is told: the event stays (one per call saved)
+        if self._waiting:  # else nobody is told: the event stays (one per call saved)
             self._changed.set()
             self._changed = anyio.Event()
+
+    async def _wait(self) -> None:
+        """Until the next change (counted: `_wake` need not ask the event, which builds its statistics)."""
+        self._waiting += 1
+        try:
+            await self._changed.wait()
+        finally:
+            self._waiting -= 1
 
     def draining(self) -> int:
         """Requests that a shutdown waits for: queued and running ones, long-lived subscriptions excepted."""
@@ -147,17 +159,19 @@ class InFlight:
 
     async def room(self) -> None:
         while not self.has_room() and not self.closed:
-            await self._changed.wait()
+            await self._wait()
 
     async def drained(self) -> None:
         while self.draining() and not self.closed:
-            await self._changed.wait()
+            await self._wait()
 
 
 class Lane(Protocol):
     """One client's raw calls (`proxy/raw.py`): requests answered as bytes, without the SDK's runner."""
 
     def accepts(self, message: types.JSONRPCRequest, *, duplicate: bool) -> bool: ...
+
+    def takes(self, message: types.JSONRPCRequest) -> bool: ...
 
     def start(self, message: types.JSONRPCRequest, task_group: anyio.abc.TaskGroup) -> None: ...
 
@@ -180,7 +194,7 @@ class Outbox:
     def __init__(self, wire: Wire, queue: MemoryObjectSendStream[SessionMessage | bytes]) -> None:
         self.wire = wire
         self.queue = queue
-        self.lock = anyio.Lock(fast_acquire=True)
+        self.lock = asyncio.Lock()  # not anyio's: its uncontended acquire still looks up the backend
         self.gone: Callable[[OSError], None] = lambda exc: None  # the writer's reaction to a closed stdout
 
     async def send(self, line: bytes) -> None:
@@ -197,7 +211,13 @@ class Outbox:
         self.queue.send_nowait(line)
 
     async def write(self, data: bytes) -> None:
+        """Write `data` whole: at once if nothing else is being written (`write_some`), the rest under the lock."""
         try:
+            if self.wire.poll_out and not self.lock.locked():
+                written = write_some(self.wire.fd_out, data)
+                if written == len(data):
+                    return
+                data = data[written:]
             async with self.lock:
                 await _write_all(self.wire, data)
         except OSError as exc:
@@ -286,21 +306,36 @@ async def wire_streams(
             tg.cancel_scope.cancel()
 
 
-async def _read_chunk(wire: Wire) -> bytes:
-    """The next bytes of stdin; b"" at EOF or on a read error."""
-    if not wire.poll_in:
+class _ThreadReads:
+    """Reads of a descriptor the event loop cannot poll (a regular file, /dev/null), in a worker thread."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    async def receive(self) -> bytes:
+        """The next bytes; b"" at EOF or on a read error."""
         try:
-            return await anyio.to_thread.run_sync(os.read, wire.fd_in, READ_CHUNK, abandon_on_cancel=True)
+            return await anyio.to_thread.run_sync(os.read, self._fd, READ_CHUNK, abandon_on_cancel=True)
         except OSError:
             return b""
-    while True:
-        await anyio.wait_readable(wire.fd_in)
-        try:
-            return os.read(wire.fd_in, READ_CHUNK)
-        except BlockingIOError:
-            continue
-        except OSError:
-            return b""
+
+    def close(self) -> None:
+        pass
+
+
+def _chunks_of(wire: Wire, eager: Callable[[bytes], bool] | None = None) -> PipeReader | _ThreadReads:
+    """What reads the client's bytes: a reader that stays registered with the loop where it can poll."""
+    return PipeReader(wire.fd_in, eager=eager) if wire.poll_in else _ThreadReads(wire.fd_in)
+
+
+def _request_now(splitter: SkippingLineSplitter, inbound: _Inbound) -> Callable[[bytes], bool]:
+    """A chunk that is exactly one whole request for the raw lane, started in the read callback."""
+
+    def take(chunk: bytes) -> bool:
+        line = whole_line(chunk, MAX_MESSAGE_BYTES) if splitter.between_lines else None
+        return line is not None and inbound.start_now(line)
+
+    return take
 
 
 async def _read_messages(
@@ -318,10 +353,11 @@ async def _read_messages(
     with scope:
         async with sink, replies, anyio.create_task_group() as tg:
             inbound = _Inbound(sink, replies, in_flight, lane, tg)
+            chunks = _chunks_of(wire, _request_now(splitter, inbound) if lane is not None else None)
             tg.start_soon(inbound.forward)
             try:
                 while not in_flight.closed:
-                    chunk, early = early or await _read_chunk(wire), b""
+                    chunk, early = early or await chunks.receive(), b""
                     if not chunk:
                         break
                     for item in splitter.feed(chunk):
@@ -331,6 +367,7 @@ async def _read_messages(
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # stdout is gone: the session is over
             finally:
+                chunks.close()
                 tg.cancel_scope.cancel()
 
 
@@ -382,6 +419,19 @@ class _Inbound:
         else:
             self.in_flight.enqueue()
             await self.backlog.send(message)
+
+    def start_now(self, line: bytes) -> bool:
+        """Start `line` on the lane at once if it is a plain request the lane takes and the session has
+        room with nothing queued; False: nothing done, `route` reads it as usual."""
+        lane, in_flight = self.lane, self.in_flight
+        if lane is None or self.task_group is None or in_flight.queued or not in_flight.has_room() or in_flight.closed:
+            return False
+        request = plain_request(line)
+        if request is None or request.id in in_flight or not lane.takes(request):
+            return False
+        in_flight.add(request.id, request.method)
+        lane.start(request, self.task_group)
+        return True
 
     async def _submit(self, message: types.JSONRPCRequest) -> None:
         duplicate = message.id in self.in_flight  # the client reused the id of a request in flight

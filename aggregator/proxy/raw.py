@@ -45,6 +45,7 @@ from aggregator.proxy.passthrough import for_era, forwarded_meta
 from aggregator.proxy.raw_checks import plain_text_result, tools_call_params_ok
 from aggregator.proxy.relay import RawOrigin
 from aggregator.tools.base import ToolContext, invalid_result
+from aggregator.tools.catalog import CATALOG_CALL
 from aggregator.wire import encode, json_line
 
 if TYPE_CHECKING:
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-CATALOG_CALL = "catalog_call_tool"
 RAW_METHODS = frozenset({"tools/call", "prompts/get", "resources/read", "completion/complete"})
 SHUTDOWN_WRITE_SECONDS = 2.0  # as the SDK bounds its own answers at shutdown
 INVALID_RESULT = "Handler returned an invalid result"  # the SDK runner's words
@@ -159,6 +159,17 @@ class RawLane:
             self.router.fallback(rule, message.id)
             return False
         return True
+
+    def takes(self, message: types.JSONRPCRequest) -> bool:
+        """`accepts` for a request whose id is not in flight, without counting or logging a refusal
+        (the read callback asks first; what it leaves goes through `accepts`). Not before the lane's
+        first call has started its supervisor in the session's task group, from a task."""
+        if message.method not in RAW_METHODS or not self._supervised:
+            return False
+        try:
+            return self._rule(message) is None
+        except Exception:
+            return False
 
     def _rule(self, message: types.JSONRPCRequest) -> str | None:
         connection = self.connection

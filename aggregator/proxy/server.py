@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,11 @@ from aggregator.proxy.passthrough import Passthrough, caller_of, for_era
 from aggregator.proxy.raw import RawLane, RawRouter
 from aggregator.proxy.relay import Clients
 from aggregator.proxy.routing import build_prompt_table
-from aggregator.proxy.sign_in import RETRY, offer_sign_in
+from aggregator.proxy.sign_in import RETRY, offer_sign_in, sign_in_link
 from aggregator.sdk import client_connection, without_tracing
+from aggregator.suggest import closest
 from aggregator.tools.base import OwnTool, ToolContext, fault_result, invalid_result, text_result
-from aggregator.tools.catalog import CatalogTools
+from aggregator.tools.catalog import CATALOG_CALL, CatalogTools
 from aggregator.tools.introspection import introspection_tools
 from aggregator.tools.text_search import DEFAULT_MAX_K, TextSearchTools
 from aggregator.upstream.pool import ConfigDiff, UpstreamPool
@@ -128,7 +130,9 @@ class AggregatorServer:
             self.index.set_server_metadata(name, *pool.metadata(name))
         self.index.attach(pool.store)
         self.text_search = TextSearchTools(data_dir, max_k=search_max_k, max_result_bytes=max_result_bytes)
-        self.catalog_tools = CatalogTools(pool, self.index, max_result_bytes, lambda: self._own)
+        self.catalog_tools = CatalogTools(
+            pool, self.index, max_result_bytes, lambda: self._own, partial(sign_in_link, pool)
+        )
         families = pool.config.own_tools  # `own_tools:` in the config; the catalog tools always
         self.own_tools: list[OwnTool] = [
             *self.catalog_tools.tools(),
@@ -346,7 +350,7 @@ class AggregatorServer:
             return await self.passthrough.task_request(ctx)
         params = ctx.params or {}
         name, arguments = params.get("name"), params.get("arguments") or {}
-        if name == "catalog_call_tool" and isinstance(arguments, Mapping):
+        if name == CATALOG_CALL and isinstance(arguments, Mapping):
             try:
                 tool = await self.catalog_tools.tool_entry(str(arguments.get("server")), str(arguments.get("tool")))
             except Fault as fault:
@@ -403,7 +407,9 @@ class AggregatorServer:
                     origin=tool_ctx.origin,
                 )
                 return _call_result(result, protocol_version)
-            return fault_result(Fault("unknown_tool", f"no tool named {name!r}; use catalog_search_tools"))
+            guess = closest(name, [*self._own, *self._direct])
+            hint = f"; did you mean {guess!r}?" if guess else ""
+            return fault_result(Fault("unknown_tool", f"no tool named {name!r}{hint}; use catalog_search_tools"))
         except SignInNeeded:
             raise
         except Fault as fault:

@@ -20,9 +20,10 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from aggregator.faults import Fault, SignInNeeded
 from aggregator.log import get_logger
 from aggregator.proxy.relay import origin_client
+from aggregator.upstream.oauth_offers import Offer
 from aggregator.upstream.pool import UpstreamPool
 
-__all__ = ["RETRY", "offer_sign_in"]
+__all__ = ["RETRY", "offer_sign_in", "sign_in_link"]
 
 log = get_logger(__name__)
 
@@ -43,19 +44,9 @@ def opens_links(connection: Any) -> bool:
 async def offer_sign_in(pool: UpstreamPool, fault: SignInNeeded, origin: Any) -> Any:
     """Raise -32042 with the sign-in link for the client of `origin`, or the `Fault` to answer it with;
     `RETRY` if no sign-in is needed after all. Waits for the authorization URL, never for the user."""
-    connection = origin_client(origin)
-    config = pool.connection(fault.upstream).config
-    if not opens_links(connection) or config.auth not in (None, "oauth"):  # only a browser sign-in has a link
+    offer = await _offer(pool, fault, origin)
+    if offer is None:
         raise fault
-    assert isinstance(connection, Connection)
-
-    async def done(elicitation_id: str) -> None:
-        try:
-            await connection.notify(COMPLETE, {"elicitationId": elicitation_id})
-        except Exception as exc:  # the client went away meanwhile: the sign-in still stands
-            log.debug("elicitation completion not delivered", upstream=fault.upstream, error=str(exc)[:200])
-
-    offer = await pool.sign_ins.offer(config, connection, done)
     if isinstance(offer, str):
         raise Fault("upstream_unavailable", f"{fault.message} ({offer})")
     if offer.url is None:
@@ -66,3 +57,32 @@ async def offer_sign_in(pool: UpstreamPool, fault: SignInNeeded, origin: Any) ->
         elicitation_id=offer.elicitation_id,
     )
     raise UrlElicitationRequiredError([link], f"sign-in to upstream {fault.upstream!r} needed: open the link")
+
+
+async def sign_in_link(pool: UpstreamPool, fault: SignInNeeded, origin: Any) -> dict[str, str] | str | None:
+    """The sign-in link offered to the client of `origin` alone, for an answer that must not fail as a
+    whole because of one upstream (`catalog_search_tools` with `load: true` lists it beside that
+    upstream): `{url, elicitation_id}`; the completion reaches that client as for -32042. A sentence
+    when no link can be offered to it now (another client's sign-in is under way); None when the
+    client does not open links or the stored tokens serve after all: the fault's message stands."""
+    offer = await _offer(pool, fault, origin)
+    if offer is None or isinstance(offer, str):
+        return offer
+    return None if offer.url is None else {"url": offer.url, "elicitation_id": offer.elicitation_id}
+
+
+async def _offer(pool: UpstreamPool, fault: SignInNeeded, origin: Any) -> Offer | str | None:
+    """The sign-in offered to the client of `origin` (`SignInOffers.offer`); None if it cannot open links."""
+    connection = origin_client(origin)
+    config = pool.connection(fault.upstream).config
+    if not opens_links(connection) or config.auth not in (None, "oauth"):  # only a browser sign-in has a link
+        return None
+    assert isinstance(connection, Connection)
+
+    async def done(elicitation_id: str) -> None:
+        try:
+            await connection.notify(COMPLETE, {"elicitationId": elicitation_id})
+        except Exception as exc:  # the client went away meanwhile: the sign-in still stands
+            log.debug("elicitation completion not delivered", upstream=fault.upstream, error=str(exc)[:200])
+
+    return await pool.sign_ins.offer(config, connection, done)

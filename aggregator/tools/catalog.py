@@ -25,8 +25,10 @@ from aggregator.tools.base import (
     json_result,
     snapshot_fields,
 )
-from aggregator.tools.catalog_search import search_tool
+from aggregator.tools.catalog_search import SignInLink, search_tool
 from aggregator.upstream.pool import UpstreamPool, require_tool
+
+CATALOG_CALL = "catalog_call_tool"  # the one spelling of the call tool's name (server.py and raw.py match it)
 
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 200
@@ -48,8 +50,10 @@ class CatalogTools:
         index: ToolSearchIndex,
         max_result_bytes: int,
         own_tool_names: Callable[[], Iterable[str]] = tuple,
+        sign_in_link: SignInLink | None = None,
     ) -> None:
         self.pool = pool
+        self.sign_in_link = sign_in_link  # the link for a client that opens links (a search's `failed`)
         self.index = index
         self.max_result_bytes = max_result_bytes
         self.own_tool_names = own_tool_names  # package `aggregator`, for the apropos classification
@@ -100,9 +104,9 @@ class CatalogTools:
                 handler=_guarded(self.describe_tool),
                 annotations=READ_ONLY,
             ),
-            search_tool(self.pool, self.index, self.max_result_bytes),
+            search_tool(self.pool, self.index, self.max_result_bytes, self.sign_in_link),
             OwnTool(
-                name="catalog_call_tool",
+                name=CATALOG_CALL,
                 description=(
                     "Call a tool of an upstream server with its arguments; returns that tool's own result "
                     "untouched. Find tools with catalog_search_tools, check arguments with "
@@ -183,7 +187,7 @@ class CatalogTools:
             "execution": tool.wire.get("execution"),  # taskSupport "required": call with a `task` param
             "symbol_type": classify_tool(tool.name, self.pool.store.loaded(), self.own_tool_names()).upper(),
             "call_example": {
-                "tool": "catalog_call_tool",
+                "tool": CATALOG_CALL,
                 "arguments": {"server": tool.server, "tool": tool.name, "arguments": example_args},
             },
             **snapshot_fields(catalog),

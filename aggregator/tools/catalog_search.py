@@ -8,7 +8,8 @@ applies the byte cap. `format_results_table` renders a result for the CLI.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import anyio
@@ -18,7 +19,7 @@ from aggregator.catalog.caps import cap_list
 from aggregator.catalog.model import Catalog, summarize
 from aggregator.catalog.search import Hit, ServerHit, ToolSearchIndex
 from aggregator.catalog.source import CatalogSource
-from aggregator.faults import Fault, invalid_argument
+from aggregator.faults import Fault, SignInNeeded, invalid_argument
 from aggregator.table import render_table
 from aggregator.tools.base import READ_ONLY, OwnTool, ToolContext, fault_result, json_result, snapshot_fields
 
@@ -63,11 +64,20 @@ INPUT_SCHEMA: dict[str, Any] = {
 }
 
 
-def search_tool(source: CatalogSource, index: ToolSearchIndex, max_result_bytes: int) -> OwnTool:
-    """The `catalog_search_tools` tool over `source`, ranking with `index`."""
+SignInLink = Callable[[SignInNeeded, Any], Awaitable[dict[str, str] | str | None]]
+"""The sign-in link offered to the client of a request's origin alone (`proxy/sign_in.sign_in_link`)."""
+
+
+def search_tool(
+    source: CatalogSource, index: ToolSearchIndex, max_result_bytes: int, sign_in_link: SignInLink | None = None
+) -> OwnTool:
+    """The `catalog_search_tools` tool over `source`, ranking with `index`; `sign_in_link`: with
+    `load: true`, an upstream that needs a sign-in is listed under `failed` with the link for a client
+    that opens links (the search itself never fails because of one upstream)."""
 
     async def handler(arguments: Mapping[str, Any], ctx: ToolContext) -> types.CallToolResult:
-        return await search_tools(source, index, arguments, max_result_bytes)
+        offer = None if sign_in_link is None else partial(_offered, sign_in_link, ctx.origin)
+        return await search_tools(source, index, arguments, max_result_bytes, offer)
 
     return OwnTool(
         name=TOOL_NAME,
@@ -84,12 +94,13 @@ async def search_tools(
     index: ToolSearchIndex,
     arguments: Mapping[str, Any],
     max_result_bytes: int,
+    sign_in: Callable[[SignInNeeded], Awaitable[dict[str, str]]] | None = None,
 ) -> types.CallToolResult:
     """Run one search: `{results, truncated}`, plus `failed` when `load: true` could not start some upstream."""
     try:
         query, limit, load = parse_arguments(arguments)
         _sync_metadata(source, index)
-        failed = await load_unloaded(source) if load else []
+        failed = await load_unloaded(source, sign_in) if load else []
         results = rank(source, index, query, limit, with_servers=not load)
         payload = cap_list(results, lambda items, cut: _payload(items, cut, failed), max_result_bytes)
     except Fault as fault:
@@ -134,12 +145,27 @@ def _sync_metadata(source: CatalogSource, index: ToolSearchIndex) -> None:
             index.set_server_metadata(name, *source.metadata(name))
 
 
-async def load_unloaded(source: CatalogSource) -> list[dict[str, str]]:
+async def _offered(sign_in_link: SignInLink, origin: Any, needed: SignInNeeded) -> dict[str, str]:
+    """The `failed` entry of an upstream that needs a sign-in: with the link, for a client that opens links."""
+    entry = {"server": needed.upstream, "reason": needed.reason, "message": needed.message}
+    link = await sign_in_link(needed, origin)
+    if link is None:
+        return entry
+    if isinstance(link, str):  # no link for this client now: why (a sign-in under way in another client)
+        return entry | {"message": f"{needed.message} ({link})"}
+    said = f"sign-in needed: the user can open sign_in_url to sign in to {needed.upstream!r}, then search again"
+    return entry | {"message": said, "sign_in_url": link["url"], "elicitation_id": link["elicitation_id"]}
+
+
+async def load_unloaded(
+    source: CatalogSource, sign_in: Callable[[SignInNeeded], Awaitable[dict[str, str]]] | None = None
+) -> list[dict[str, str]]:
     """Start, concurrently and once each, every upstream with no catalog, live or snapshot.
 
     A snapshot already makes an upstream's tools searchable, so it is not
     started for a search. Upstreams inside their backoff window are not started. Returns what could not
-    be loaded, sorted by server: `{server, reason, message}`.
+    be loaded, sorted by server: `{server, reason, message}`; `sign_in` makes the entry of an upstream
+    that needs a sign-in (with the link offered to the calling client).
     """
     failed: list[dict[str, str]] = []
     to_start: list[str] = []
@@ -155,8 +181,10 @@ async def load_unloaded(source: CatalogSource) -> list[dict[str, str]]:
     async def start(name: str) -> None:
         try:
             await source.ensure_catalog(name)
+        except SignInNeeded as needed:
+            failed.append(await sign_in(needed) if sign_in is not None else _entry(name, needed))
         except Fault as fault:
-            failed.append({"server": name, "reason": fault.reason, "message": fault.message})
+            failed.append(_entry(name, fault))
         except Exception as exc:  # a bug in one upstream's start must not fail the whole search
             failed.append({"server": name, "reason": "upstream_error", "message": f"{type(exc).__name__}: {exc}"})
 
@@ -164,6 +192,10 @@ async def load_unloaded(source: CatalogSource) -> list[dict[str, str]]:
         for name in to_start:
             tg.start_soon(start, name)
     return sorted(failed, key=lambda item: item["server"])
+
+
+def _entry(server: str, fault: Fault) -> dict[str, str]:
+    return {"server": server, "reason": fault.reason, "message": fault.message}
 
 
 def rank(

@@ -37,10 +37,10 @@ from aggregator.faults import Fault, SignInNeeded
 from aggregator.log import get_logger, redact_text
 from aggregator.sdk import ProgressFn, raw_notify, raw_request
 from aggregator.upstream.catalog_listing import catalog_contents, list_catalog
-from aggregator.upstream.client_sessions import ClientSessions
-from aggregator.upstream.oauth_providers import Authenticator
+from aggregator.upstream.client_sessions import LOST_SETTLE_SECONDS, ClientSessions
+from aggregator.upstream.oauth_providers import Authenticator, uses_oauth
 from aggregator.upstream.oauth_signin import SignInRequired
-from aggregator.upstream.raw_calls import RawCalls, SettleInOrder
+from aggregator.upstream.raw_calls import DeadlinePassed, RawCalls, SettleInOrder
 from aggregator.upstream.session import Downstream, NoDownstream, Params, UpstreamSession, Via, offered_names
 from aggregator.upstream.start_errors import describe_start_error, leaf_exceptions
 from aggregator.upstream.transports import TOO_LARGE, StderrTail, TransportHandle, open_transport
@@ -75,6 +75,7 @@ class _Run:
     handle: TransportHandle | None = None
     failed: bool = False
     relist: bool = False  # a list_changed arrived before the run was ready
+    finished: anyio.Event = field(default_factory=anyio.Event)  # the owner task is done, its reason recorded
 
 
 class UpstreamConnection:
@@ -208,6 +209,7 @@ class UpstreamConnection:
         finally:
             run.session = None
             run.done.set()
+            run.finished.set()
             if self._run is run:
                 if self._stopping:
                     self.state = State.STOPPED
@@ -500,38 +502,44 @@ class UpstreamConnection:
         if client is not None:
             session, handle = await self.clients.session(client)
         budget = self.config.timeouts.call
-        with anyio.CancelScope(deadline=anyio.current_time() + budget) as scope:
-
-            async def on_progress(value: float, total: float | None, message: str | None) -> None:
-                scope.deadline = anyio.current_time() + budget
-                if progress is not None:
-                    await progress(value, total, message)
-
-            try:
-                raw = self._raw_leg(handle, client, params)
-                if raw is not None:
-                    result = await raw.request(method, dict(params) if params else None, on_progress)
-                else:
-                    result = await raw_request(session, method, dict(params) if params else None, on_progress)
-            except MCPError as exc:
-                lost = exc.code == CONNECTION_CLOSED or (handle is not None and handle.closed.is_set())
-                if lost and client is not None and handle is not None:
-                    # the client's own session: the shared one is fine
-                    if (needed := await self.clients.lost(client, handle)) is not None:
-                        raise SignInNeeded(self.name, f"upstream {self.name!r}: {needed}") from None
-                    raise Fault(
-                        "upstream_error",
-                        f"upstream {self.name!r}: the client's own session ended during the request "
-                        "(the next request opens a new one)",
-                    ) from None
-                if lost:
-                    raise self._call_fault(run, exc) from None
-                raise
-        if scope.cancelled_caught:
+        plain = dict(params) if params else None
+        try:
+            raw = self._raw_leg(handle, client, params)
+            if raw is not None:  # its deadline is a timer of its own: no cancel scope per request
+                result = await raw.request(method, plain, progress, budget)
+            else:
+                result = await _sdk_request(session, method, plain, progress, budget)
+        except DeadlinePassed:
             what = what or f"{self.name} {method}"
-            raise Fault("timeout", f"{what} did not answer within {budget:g}s (no progress either)")
+            raise Fault("timeout", f"{what} did not answer within {budget:g}s (no progress either)") from None
+        except MCPError as exc:
+            lost = exc.code == CONNECTION_CLOSED or (handle is not None and handle.closed.is_set())
+            if lost and client is not None and handle is not None:
+                # the client's own session: the shared one is fine
+                if (needed := await self.clients.lost(client, handle)) is not None:
+                    raise SignInNeeded(self.name, f"upstream {self.name!r}: {needed}") from None
+                raise Fault(
+                    "upstream_error",
+                    f"upstream {self.name!r}: the client's own session ended during the request "
+                    "(the next request opens a new one)",
+                ) from None
+            if lost:
+                await self._settle_sign_in(run)
+                raise self._call_fault(run, exc) from None
+            raise
         self._failures = 0
         return result
+
+    async def _settle_sign_in(self, run: _Run | None) -> None:
+        """The shared session of an OAuth upstream ended during a call: let its owner task record why, so a
+        token refused or signed out (`auth logout`) answers this call with the sign-in needed, not a lost
+        connection and a backoff."""
+        if run is None or not uses_oauth(self.config):
+            return
+        with anyio.move_on_after(LOST_SETTLE_SECONDS):
+            await run.finished.wait()
+        if self.needs_sign_in and self._run is run:
+            raise SignInNeeded(self.name, f"upstream {self.name!r}: {self.last_error}")
 
     def _raw_leg(self, handle: TransportHandle | None, client: Any, params: Params) -> RawCalls | None:
         """The raw requests of the shared stdio session, when this request may bypass the SDK session.
@@ -576,6 +584,24 @@ class UpstreamConnection:
     def detach_store(self) -> None:
         """A replacement serves this name now: keep this connection's catalogs to itself from here on."""
         self._store = CatalogStore()
+
+
+async def _sdk_request(
+    session: ClientSession, method: str, params: dict[str, Any] | None, progress: ProgressFn | None, budget: float
+) -> dict[str, Any]:
+    """A request on an SDK session within `budget` seconds, restarted by each progress report;
+    `DeadlinePassed` past it (the SDK tells the upstream, as for any cancelled request)."""
+    with anyio.CancelScope(deadline=anyio.current_time() + budget) as scope:
+
+        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+            scope.deadline = anyio.current_time() + budget
+            if progress is not None:
+                await progress(value, total, message)
+
+        result: dict[str, Any] = await raw_request(session, method, params, on_progress)
+    if scope.cancelled_caught:
+        raise DeadlinePassed
+    return result
 
 
 def _closed_reason(handle: TransportHandle) -> str:

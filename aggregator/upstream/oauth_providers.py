@@ -71,9 +71,18 @@ class Authenticator:
         self, config: UpstreamConfig, offer: Callable[[str], Awaitable[None]] | None = None
     ) -> httpx2.Auth | None:
         """The upstream's provider; `offer`: a sign-in offered while serving, which hands the
-        authorization URL to `offer` instead of a browser (`BrowserStep.offer`)."""
+        authorization URL to `offer` instead of a browser (`BrowserStep.offer`). It stops sending
+        the tokens it holds as soon as `auth logout` removes them (`UntilSignedOut`)."""
         if not uses_oauth(config):
             return None
+        from aggregator.upstream.oauth_signout import UntilSignedOut  # imports httpx2: remote upstreams only
+
+        return UntilSignedOut(lambda: self._provider(config, offer))
+
+    def _provider(
+        self, config: UpstreamConfig, offer: Callable[[str], Awaitable[None]] | None
+    ) -> tuple[httpx2.Auth, StoredTokens]:
+        """A new provider of the upstream, which reads its tokens from the store, and its storage."""
         from mcp.client.auth.utils import union_scopes
 
         from aggregator.sdk.oauth import OAuthProvider
@@ -84,7 +93,7 @@ class Authenticator:
         scope = union_scopes(" ".join(config.scopes) or None, wanted if isinstance(wanted, str) else None)
         provider: OAuthProvider | ClientCredentialsProvider | PrivateKeyJWTProvider
         if config.auth == "identity_assertion":
-            return _identity_assertion(config, storage, scope)
+            return _identity_assertion(config, storage, scope), storage
         if config.auth == "client_credentials":
             with warnings.catch_warnings():  # the SDK's warning when `issuer` is unset is a raw Python warning
                 warnings.simplefilter("ignore", MCPDeprecationWarning)  # on stderr: `doctor` says it instead
@@ -113,7 +122,7 @@ class Authenticator:
                 client_metadata_url=config.client_metadata_url,
             )
         provider.extra_scope = scope
-        return provider
+        return provider, storage
 
     def _remember_scope(self, config: UpstreamConfig, url: str) -> None:
         """Keep the scopes of a sign-in that could not happen (e.g. a step-up while serving), so that

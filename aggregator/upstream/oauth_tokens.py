@@ -34,6 +34,7 @@ __all__ = ["STORE_CHOICES", "STORE_NAME", "TOKEN_STORE_ENV", "StoredTokens", "To
 log = get_logger(__name__)
 
 STORE_NAME = "oauth-tokens.json"
+STAMP_SUFFIX = ".stamp"  # beside the store: rewritten on every change, so a serving process notices with one stat
 TOKEN_STORE_ENV = "AGGREGATOR_TOKEN_STORE"
 STORE_CHOICES = ("auto", "file", "keyring")
 KEYRING_SERVICE = "aggregator-oauth"
@@ -169,6 +170,7 @@ class TokenStore:
         self._other: _Place | None = None  # where entries of an earlier choice may still be
         self._why_not_keyring = ""
         self._lock_depth = 0  # flock is per open file: a nested hold must not open it again
+        self._changes = 0  # the stamp of a store without a path
 
     @classmethod
     def in_data_dir(cls, data_dir: Path, choice: str | None = None) -> TokenStore:
@@ -192,6 +194,25 @@ class TokenStore:
         except TokenStoreError as exc:
             return str(exc)
         return None
+
+    def stamp(self) -> object:
+        """Something that differs after any change to the store, by this process or another (`auth logout`
+        in another terminal): one `stat` of the stamp file beside it, whichever place holds the tokens."""
+        if self.path is None:
+            return self._changes
+        try:
+            found = os.stat(self.path.with_suffix(STAMP_SUFFIX))
+        except OSError:
+            return None
+        return (found.st_ino, found.st_mtime_ns, found.st_size)
+
+    def _changed(self) -> None:
+        """Say that the store changed: the stamp file is replaced (a new inode, mtime and content)."""
+        self._changes += 1
+        if self.path is not None:
+            with contextlib.suppress(OSError):  # the tokens are written: a stale stamp only delays a notice
+                stamp = f"{time.time_ns()} {os.getpid()} {self._changes}\n"  # no secret: when, by whom
+                write_atomically(self.path.with_suffix(STAMP_SUFFIX), stamp.encode())
 
     def read(self) -> dict[str, dict[str, Any]]:
         if self.path is None:
@@ -220,6 +241,7 @@ class TokenStore:
                     entry[key] = value
             entries[name] = entry
             self._write(entries)
+            self._changed()
 
     def remove(self, name: str) -> bool:
         """Forget everything about `name`, in both stores; True if there was something."""
@@ -234,6 +256,8 @@ class TokenStore:
                     if others.pop(name, None) is not None:
                         self._other.save(others)
                         found = True
+            if found:
+                self._changed()
             return found
 
     def _write(self, entries: dict[str, dict[str, Any]]) -> None:
@@ -333,6 +357,7 @@ class StoredTokens:
         self._client = client
         self._used: OAuthClientInformationFull | None = None  # the registered client this provider uses
         self._held = False  # it read or wrote tokens: their entry gone later means `auth logout` ran meanwhile
+        self._seen = store.stamp()  # the store's stamp when this provider last looked at its entry
 
     async def get_tokens(self) -> OAuthToken | None:
         entry = self._store.entry(self._name, self._url)
@@ -344,6 +369,15 @@ class StoredTokens:
             tokens.expires_in = int(expires_at - time.time())
         self._held = self._held or tokens is not None
         return tokens
+
+    def signed_out(self) -> bool:
+        """True once the tokens this provider held are gone from the store (`auth logout`, here or in another
+        process): the provider must not send them again. One `stat` while the store is unchanged."""
+        stamp = self._store.stamp()
+        if stamp == self._seen:
+            return False
+        self._seen = stamp
+        return self._held and not self._store.entry(self._name, self._url).get("tokens")
 
     async def set_tokens(self, tokens: OAuthToken) -> None:
         """Keep `tokens`; unless this provider held tokens whose entry is gone since (a refresh after

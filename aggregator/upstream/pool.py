@@ -211,7 +211,9 @@ class UpstreamPool:
             return self._connections[name]
         except KeyError:
             known = ", ".join(self._connections) or "none configured"
-            raise Fault("unknown_server", f"no upstream named {name!r} (known: {known})") from None
+            guess = closest(str(name), self._connections)
+            hint = f"; did you mean {guess!r}?" if guess else ""
+            raise Fault("unknown_server", f"no upstream named {name!r}{hint} (known: {known})") from None
 
     async def call_tool(
         self,

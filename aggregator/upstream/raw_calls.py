@@ -4,8 +4,9 @@ The SDK's client session costs about a third of a proxied call (a pydantic model
 dispatcher round per message, anyio bookkeeping). A request sent here is one JSON line with
 an id of ours, ``"agg-N"`` (a string: the SDK's own ids are integers, so the two never
 collide). The upstream's reader offers every line to `claim` before the SDK session sees it:
-an answer to one of our ids resolves its waiter, a progress notification with our token
-reaches the caller's progress function (which restarts its deadline). The rest goes to the
+an answer to one of our ids resolves its waiter's future, a progress notification with our
+token restarts its deadline (one timer handle per request, no cancel scope) and reaches the
+caller's progress function. The rest goes to the
 SDK session as before: the handshake, listings, the upstream's own requests and notifications.
 
 What the SDK does for its requests is done here too: an answer that the fast parser refuses
@@ -17,9 +18,9 @@ every waiter with the SDK's own `Connection closed`.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -32,6 +33,7 @@ from mcp.shared.message import SessionMessage
 from mcp_types.jsonrpc import CONNECTION_CLOSED
 
 from aggregator.log import get_logger
+from aggregator.pipe_reader import write_some
 from aggregator.sdk import ProgressFn
 from aggregator.upstream.server_messages import MAX_RESULT_NESTING, parse_upstream_line
 from aggregator.wire import json_line
@@ -43,16 +45,46 @@ _MARK = b'"agg-'  # every line that concerns a raw request names one of our ids
 CANCEL_WRITE_SECONDS = 2.0  # as the SDK's courtesy cancel: never wait long on a stuck pipe
 
 
-@dataclass(eq=False, slots=True)
-class _Pending:
-    progress: ProgressFn | None
-    done: anyio.Event = field(default_factory=anyio.Event)
-    outcome: dict[str, Any] | MCPError | None = None
+class DeadlinePassed(Exception):
+    """A raw request got neither its answer nor progress within its budget (the upstream was told)."""
 
-    def settle(self, outcome: dict[str, Any] | MCPError) -> None:
-        if not self.done.is_set():
+
+class _Pending:
+    """One raw request in flight: a future its waiter awaits, and its deadline as one timer handle.
+
+    No cancel scope, no event: settling resolves the future; progress moves the timer.
+    """
+
+    __slots__ = ("_budget", "_loop", "_timer", "future", "outcome", "progress")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, progress: ProgressFn | None, budget: float | None) -> None:
+        self._loop = loop
+        self.progress = progress
+        self.future: asyncio.Future[None] = loop.create_future()
+        self.outcome: dict[str, Any] | MCPError | DeadlinePassed | None = None
+        self._budget = budget
+        self._timer = loop.call_later(budget, self._expire) if budget is not None else None
+
+    def settle(self, outcome: dict[str, Any] | MCPError | DeadlinePassed) -> None:
+        if not self.future.done():
             self.outcome = outcome
-            self.done.set()
+            self.future.set_result(None)
+        self.stop_timer()
+
+    def restart(self) -> None:
+        """Progress: the budget starts again from now."""
+        if self._timer is not None and self._budget is not None and not self.future.done():
+            self._timer.cancel()
+            self._timer = self._loop.call_later(self._budget, self._expire)
+
+    def stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        self._timer = None
+        self.settle(DeadlinePassed())
 
 
 _Settled = tuple[_Pending, "dict[str, Any] | MCPError"]
@@ -78,16 +110,35 @@ class LineWriter:
     pipe is gone.
     """
 
-    def __init__(self, stream: anyio.abc.ByteSendStream, on_broken: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        stream: anyio.abc.ByteSendStream,
+        on_broken: Callable[[], None] = lambda: None,
+        fd: Callable[[], int | None] = lambda: None,
+    ) -> None:
         self._stream = stream
-        self._lock = anyio.Lock(fast_acquire=True)
+        self._lock = asyncio.Lock()  # not anyio's: its uncontended acquire still looks up the backend
         self._on_broken = on_broken
+        self._fd = fd  # the stream's descriptor while it is open (None: unknown or closed)
 
-    async def send(self, line: bytes) -> None:
-        """Write `line`; a closed or broken pipe raises `anyio.BrokenResourceError` (after `on_broken`)."""
+    async def send(self, line: bytes, timeout: float | None = None) -> None:
+        """Write `line`; a closed or broken pipe raises `anyio.BrokenResourceError` (after `on_broken`).
+
+        With no other line being written, as much as the pipe takes goes at once (`write_some`);
+        the rest, if any, through the stream under the lock, within `timeout` seconds (TimeoutError:
+        a full pipe that its upstream does not read, or another writer stuck on it).
+        """
         try:
-            async with self._lock:
-                await self._stream.send(line)
+            if not self._lock.locked() and (fd := self._fd()) is not None:
+                written = write_some(fd, line)
+                if written == len(line):
+                    return
+                line = line[written:]
+            with anyio.fail_after(timeout):
+                async with self._lock:
+                    await self._stream.send(line)
+        except TimeoutError:  # an OSError too, but the pipe is not broken
+            raise
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
             self._on_broken()
             raise anyio.BrokenResourceError from exc
@@ -116,33 +167,51 @@ class RawCalls:
         self._forwarded = 0  # lines the reader handed to the SDK session ...
         self._caught_up = 0  # ... of which the session has surely dispatched this many
         self._pending: dict[str, _Pending] = {}
+        self._loop = asyncio.get_running_loop()
         self._next = 0
         self.closed = False
         self.sent = 0  # requests written so far (tests and `doctor`-style checks read it)
 
-    async def request(self, method: str, params: dict[str, Any] | None, progress: ProgressFn | None = None) -> Any:
-        """Send `method` and return the upstream's raw result; its JSON-RPC error raised as `MCPError`."""
+    async def request(
+        self,
+        method: str,
+        params: dict[str, Any] | None,
+        progress: ProgressFn | None = None,
+        budget: float | None = None,
+    ) -> Any:
+        """Send `method` and return the upstream's raw result; its JSON-RPC error raised as `MCPError`.
+
+        `budget`: seconds to wait for the answer, restarted by each progress report; past it the
+        upstream is told (`notifications/cancelled`) and `DeadlinePassed` is raised.
+        """
         if self.closed:
             raise MCPError(CONNECTION_CLOSED, "Connection closed")
         self._next += 1
         request_id = f"{ID_PREFIX}{self._next}"
-        line = _request_line(request_id, method, params, progress is not None)
-        pending = self._pending[request_id] = _Pending(progress)
+        line = _request_line(request_id, method, params, progress is not None or budget is not None)
+        pending = self._pending[request_id] = _Pending(self._loop, progress, budget)
         written = False
         try:
             try:
-                await self._send.send(line)
+                await self._send.send(line, budget)
             except anyio.BrokenResourceError:
                 raise MCPError(CONNECTION_CLOSED, "Connection closed") from None
+            except TimeoutError:  # the deadline passed before the request was even written
+                raise DeadlinePassed from None
             written = True
             self.sent += 1
-            await pending.done.wait()
-        except anyio.get_cancelled_exc_class():
+            await pending.future
+        except asyncio.CancelledError:
             if written and not self.closed:
                 await self._cancel(request_id)
             raise
         finally:
+            pending.stop_timer()
             del self._pending[request_id]
+        if isinstance(pending.outcome, DeadlinePassed):
+            if not self.closed:
+                await self._cancel(request_id)
+            raise pending.outcome
         if isinstance(pending.outcome, MCPError):
             raise pending.outcome
         return pending.outcome
@@ -173,6 +242,20 @@ class RawCalls:
             return False
         if settled is not None:
             await self._settle_in_order(*settled)
+        return claimed
+
+    def settle_now(self, line: bytes) -> bool:
+        """`claim` for an answer, at once: from the reader's callback (`pipe_reader.PipeReader`), without
+        waking the reader task. Only when the SDK session has dispatched every line before it (else the
+        settling must go behind them, `_settle_in_order`); False: not taken, nothing changed."""
+        if not self._pending or _MARK not in line or (self._session is not None and self._caught_up != self._forwarded):
+            return False
+        data = _fast_parse(line)
+        if data is None or "method" in data:
+            return False
+        claimed, settled = self._claim_answer(data, line)
+        if settled is not None:
+            settled[0].settle(settled[1])
         return claimed
 
     def forwarded(self) -> None:
@@ -228,14 +311,17 @@ class RawCalls:
         return True, (pending, MCPError(message.error.code, message.error.message, message.error.data))
 
     def _claim_progress(self, params: Any) -> bool:
-        """Progress on one of our requests: delivered in a task of its own, as the SDK delivers it (the
-        caller's progress function may wait on its client; the reader must not)."""
+        """Progress on one of our requests: its deadline restarts; the caller's progress function is
+        called in a task of its own, as the SDK calls it (it may wait on its client; the reader must not)."""
         token = params.get("progressToken") if isinstance(params, dict) else None
         pending = self._pending.get(token) if isinstance(token, str) else None
         if pending is None or params is None:
             return False
         value = params.get("progress")
-        if pending.progress is not None and isinstance(value, int | float) and not isinstance(value, bool):
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            return True
+        pending.restart()  # progress restarts the deadline at once, before it is relayed
+        if pending.progress is not None:
             total, message = params.get("total"), params.get("message")
             self._spawn(
                 _deliver_progress,

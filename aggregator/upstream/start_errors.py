@@ -12,6 +12,24 @@ from mcp.shared.exceptions import MCPError
 from aggregator.config import UpstreamConfig
 from aggregator.upstream.oauth_signin import describe_auth_error
 
+# The launchers MCP servers are usually started with, and what provides each (a new machine often lacks one).
+_PROVIDERS = {
+    "uvx": "uv, which provides uvx: https://docs.astral.sh/uv/",
+    "uv": "uv: https://docs.astral.sh/uv/",
+    "npx": "Node.js, which provides npx: https://nodejs.org",
+    "node": "Node.js: https://nodejs.org",
+    "bunx": "Bun, which provides bunx: https://bun.sh",
+    "pipx": "pipx: https://pipx.pypa.io",
+    "docker": "Docker: https://docs.docker.com/get-docker/",
+}
+
+
+def install_hint(command: str) -> str:
+    """ "install uv, which provides uvx: URL" for a usual launcher that is missing, else ''."""
+    name = os.path.basename(command.replace("\\", "/")).lower().removesuffix(".exe").removesuffix(".cmd")
+    provider = _PROVIDERS.get(name)
+    return f"install {provider}" if provider else ""
+
 
 def describe_start_error(exc: BaseException, config: UpstreamConfig) -> str:
     """What went wrong (at most 500 characters); the caller adds the tail of the child's stderr."""
@@ -24,7 +42,8 @@ def describe_start_error(exc: BaseException, config: UpstreamConfig) -> str:
     elif isinstance(first, FileNotFoundError | NotADirectoryError) and not _is_dir(config.cwd):
         what = f"working directory not found: {config.cwd}"
     elif isinstance(first, FileNotFoundError):
-        what = f"command not found: {config.command}"
+        hint = install_hint(config.command or "")
+        what = f"command not found: {config.command}" + (f" ({hint})" if hint else "")
     elif isinstance(first, PermissionError):
         what = f"command not executable: {config.command}"
     elif isinstance(first, MCPError):

@@ -18,7 +18,7 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -32,7 +32,8 @@ from mcp.shared.message import SessionMessage
 
 from aggregator.config import UpstreamConfig
 from aggregator.log import get_logger, redact_text
-from aggregator.upstream.guard_client import open_guarded_process
+from aggregator.pipe_reader import PipeReader, whole_line
+from aggregator.upstream.guard_client import PipeReceive, PipeSend, open_guarded_process
 from aggregator.upstream.raw_calls import LineWriter, RawCalls
 from aggregator.upstream.server_messages import parse_upstream_line
 from aggregator.wire import LineSplitter, MessageTooLarge, encode, error_answer
@@ -160,7 +161,7 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
     write, from_session = anyio.create_memory_object_stream[SessionMessage](64)
     assert process.stdin is not None
     handle = TransportHandle(read, write, pid=process.pid, limit=config.max_message_bytes)
-    stdin = LineWriter(process.stdin, lambda: _closed(handle))
+    stdin = LineWriter(process.stdin, lambda: _closed(handle), lambda: _guard_fd(process.stdin))
     try:
         async with anyio.create_task_group() as tg:
             handle.raw = RawCalls(stdin, tg.start_soon, to_session)
@@ -208,8 +209,9 @@ async def _read_stdout(
     assert process.stdout is not None
     splitter = LineSplitter(handle.limit)
     raw = handle.raw
+    chunks = _chunks_of(process.stdout, _answer_now(splitter, raw, handle.limit) if raw is not None else None)
     try:
-        async for chunk in process.stdout:
+        while chunk := await chunks.receive():
             for line in splitter.feed(chunk):
                 if line.strip() and not (raw is not None and await raw.claim(line)):
                     await to_session.send(parse_upstream_line(line))
@@ -221,8 +223,50 @@ async def _read_stdout(
     except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
         pass
     finally:
+        chunks.close()
         _closed(handle)
         await to_session.aclose()  # the session sees the end and fails pending requests
+
+
+class _StreamChunks:
+    """An anyio byte stream read as `PipeReader` is: b"" at its end."""
+
+    def __init__(self, stream: anyio.abc.ByteReceiveStream) -> None:
+        self._stream = stream
+
+    async def receive(self) -> bytes:
+        try:
+            return await self._stream.receive()
+        except anyio.EndOfStream:
+            return b""
+
+    def close(self) -> None:
+        pass
+
+
+def _chunks_of(
+    stdout: anyio.abc.ByteReceiveStream, eager: Callable[[bytes], bool] | None = None
+) -> PipeReader | _StreamChunks:
+    """The upstream's stdout read by a reader that stays registered with the event loop (the guard's
+    pipe); any other stream (off Linux) as anyio reads it."""
+    fd = _guard_fd(stdout)
+    return PipeReader(fd, eager=eager) if fd is not None else _StreamChunks(stdout)
+
+
+def _guard_fd(stream: object) -> int | None:
+    """The descriptor of one of the guard's pipe ends while it is open (it keeps it in `_fd`), else None."""
+    fd = getattr(stream, "_fd", None) if isinstance(stream, PipeReceive | PipeSend) else None
+    return fd if isinstance(fd, int) else None
+
+
+def _answer_now(splitter: LineSplitter, raw: RawCalls, limit: int) -> Callable[[bytes], bool]:
+    """A chunk that is exactly one whole line answering a raw request, settled in the read callback."""
+
+    def take(chunk: bytes) -> bool:
+        line = whole_line(chunk, limit) if splitter.between_lines else None
+        return line is not None and raw.settle_now(line)
+
+    return take
 
 
 def _closed(handle: TransportHandle) -> None:
