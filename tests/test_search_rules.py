@@ -330,15 +330,10 @@ def test_derived_words_of_one_stem_are_not_inflections(a: str, b: str) -> None:
 
 def test_a_derived_word_counts_less_than_an_inflection() -> None:
     """Sense-safe stemming: "commitment" shares the stem of "commit" but rarely its sense."""
-    catalog = synthetic(
-        "s",
-        {"name": "pledge", "description": "Record a commitment to a goal."},
-        {"name": "history", "description": "Show the commits of a repository."},
-    )
-    index, _ = build([catalog])
+    pledge = {"name": "pledge", "description": "Record a commitment to a goal."}
+    index, _ = build([synthetic("s", pledge, {"name": "history", "description": "Show the commits of a repo."})])
     assert ranked(index, "commit") == [("s", "history"), ("s", "pledge")]
-    tiers = {m.term: m.tier for m in index.explain("commit", "s", "pledge")}
-    assert tiers == {"commitment": "stem"}
+    assert {m.term: m.tier for m in index.explain("commit", "s", "pledge")} == {"commitment": "stem"}
 
 
 def test_exact_above_prefix_above_substring() -> None:
