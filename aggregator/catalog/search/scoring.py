@@ -57,7 +57,7 @@ class RankingParams:
     params_b: float = 0.75
     server_b: float = 0.75
     k1: float = 1.2
-    stem_match: float = 0.5  # equal stems, a derived word ("commitment" for "commit"): often another sense
+    stem_match: float = 0.4  # equal stems, a derived word ("commitment" for "commit"): often another sense
     inflection_match: float = 0.7  # equal stems, an inflection ("commits", "staging" for "stage")
     prefix: float = 0.5
     substring: float = 0.1
