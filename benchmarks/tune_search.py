@@ -56,7 +56,7 @@ GRID: dict[str, tuple[float, ...] | tuple[int, ...]] = {
     "expansion": (0.2, 0.4),
     "expansion_absent": (0.55, 0.85),
     "title": (1.0, 2.0, 3.0),
-    "stem_match": (0.4, 0.5, 0.6, 0.7, 0.9),
+    "stem_match": (0.3, 0.4, 0.5, 0.6, 0.7, 0.9),
     "inflection_match": (0.5, 0.6, 0.7, 0.9),
     "lexicon_tie": (0.0, 0.15, 0.3, 0.5, 1.0),
     "min_partial": (3, 4, 5),
