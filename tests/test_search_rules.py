@@ -328,6 +328,13 @@ def test_derived_words_of_one_stem_are_not_inflections(a: str, b: str) -> None:
     assert stem(a) == stem(b) and not inflection_pair(a, b) and not inflection_pair(b, a)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=12), st.text(max_size=12))
+def test_inflection_pairs_are_symmetric_for_any_text(a: str, b: str) -> None:
+    assert inflection_pair(a, b) == inflection_pair(b, a)
+    assert inflection_pair(a, a)
+
+
 def test_a_derived_word_counts_less_than_an_inflection() -> None:
     """Sense-safe stemming: "commitment" shares the stem of "commit" but rarely its sense."""
     pledge = {"name": "pledge", "description": "Record a commitment to a goal."}
