@@ -121,6 +121,17 @@ EVERYDAY = [
     ),
     ("make a directory called photos", {"filesystem/create_directory"}),
     ("what branch am I on", {"git/git_branch", "git/git_status"}),
+    # "top" and "latest" ask for the first few of a history: a limit, the log
+    ("top 5 commits", {"git/git_log"}),
+    ("list the latest commits", {"git/git_log"}),
+    ("show me the top 20 commits", {"git/git_log"}),
+    ("what are the latest commits on main", {"git/git_log"}),
+    ("the 10 latest commits by Alice", {"git/git_log"}),
+    # inflections of a word meet in full measure ("staging"/"staged", "listing"/"list"), derived words less
+    ("staging a changed file", {"git/git_add"}),
+    ("find the differences between two commits", {"git/git_diff"}),
+    ("executing a query against the database", {"sqlite/read_query", "sqlite/write_query"}),
+    ("read the listing of a directory", {"filesystem/list_directory", "filesystem/list_directory_with_sizes"}),
 ]
 
 

@@ -24,7 +24,7 @@ from aggregator.catalog.search.query import (
     query_terms,
     related_terms,
 )
-from aggregator.catalog.search.tokens import identifiers, is_cjk, names, stem, tokenize
+from aggregator.catalog.search.tokens import identifiers, inflection_pair, is_cjk, names, stem, tokenize
 from aggregator.catalog.store import CatalogStore
 
 
@@ -313,6 +313,34 @@ TIERS = synthetic(
     {"name": "research_tool", "description": "A third tool."},
     {"name": "unrelated", "description": "Nothing to see."},
 )
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [("commit", "commits"), ("stage", "staging"), ("staged", "staging"), ("entry", "entries"), ("stop", "stopped")],
+)
+def test_inflections_of_a_word_are_told_from_derived_words(a: str, b: str) -> None:
+    assert stem(a) == stem(b) and inflection_pair(a, b) and inflection_pair(b, a)
+
+
+@pytest.mark.parametrize(("a", "b"), [("commit", "commitment"), ("design", "designation"), ("effect", "effective")])
+def test_derived_words_of_one_stem_are_not_inflections(a: str, b: str) -> None:
+    assert stem(a) == stem(b) and not inflection_pair(a, b) and not inflection_pair(b, a)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=12), st.text(max_size=12))
+def test_inflection_pairs_are_symmetric_for_any_text(a: str, b: str) -> None:
+    assert inflection_pair(a, b) == inflection_pair(b, a)
+    assert inflection_pair(a, a)
+
+
+def test_a_derived_word_counts_less_than_an_inflection() -> None:
+    """Sense-safe stemming: "commitment" shares the stem of "commit" but rarely its sense."""
+    pledge = {"name": "pledge", "description": "Record a commitment to a goal."}
+    index, _ = build([synthetic("s", pledge, {"name": "history", "description": "Show the commits of a repo."})])
+    assert ranked(index, "commit") == [("s", "history"), ("s", "pledge")]
+    assert {m.term: m.tier for m in index.explain("commit", "s", "pledge")} == {"commitment": "stem"}
 
 
 def test_exact_above_prefix_above_substring() -> None:

@@ -57,7 +57,8 @@ class RankingParams:
     params_b: float = 0.75
     server_b: float = 0.75
     k1: float = 1.2
-    stem_match: float = 0.7  # equal stems, different surface forms
+    stem_match: float = 0.4  # equal stems, a derived word ("commitment" for "commit"): often another sense
+    inflection_match: float = 0.7  # equal stems, an inflection ("commits", "staging" for "stage")
     prefix: float = 0.5
     substring: float = 0.1
     stop_word: float = 0.2  # query weight of a stop word (a query of stop words only counts them in full)

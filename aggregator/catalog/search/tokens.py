@@ -110,6 +110,33 @@ def stem(token: str) -> str:
     return str(_STEMMER.stemWord(token))
 
 
+_INFLECTIONS = ("ing", "ed", "es", "s", "d")
+
+
+def _inflection_bases(word: str) -> set[str]:
+    """What `word` may be an inflection of: itself, less -s/-es/-d/-ed/-ing, with an "e" back, a
+    doubled consonant undone or "i" back to "y" ("staging" → stag, stage; "stopped" → stop;
+    "entries" → entry)."""
+    bases = {word}
+    if word.endswith(("ies", "ied")) and len(word) > 4:
+        bases.add(word[:-3] + "y")
+    for ending in _INFLECTIONS:
+        if word.endswith(ending) and len(word) - len(ending) >= 3:
+            base = word[: -len(ending)]
+            bases.update((base, base + "e"))
+            if len(base) > 3 and base[-1] == base[-2]:
+                bases.add(base[:-1])
+    return bases
+
+
+def inflection_pair(a: str, b: str) -> bool:
+    """True when two words are forms of one word by an inflectional ending ("commit", "commits";
+    "stage", "staged", "staging"; "entry", "entries"), not by a derivational suffix that the
+    stemmer also strips and that often changes the sense ("commit"/"commitment",
+    "design"/"designation", "effect"/"effective")."""
+    return bool(_inflection_bases(a) & _inflection_bases(b))
+
+
 _WORD = re.compile(r"[^\W_]+")
 _SENTENCE_START = frozenset('.!?:;"(')
 

@@ -15,7 +15,7 @@ come and go.
 from __future__ import annotations
 
 from aggregator.catalog.search.scoring import RankingParams
-from aggregator.catalog.search.tokens import is_cjk, is_identifier, stem
+from aggregator.catalog.search.tokens import inflection_pair, is_cjk, is_identifier, stem
 
 Tier = tuple[tuple[str, float], ...]  # vocabulary terms, each with a weight factor
 Tiers = tuple[Tier, Tier, Tier]  # exact (with stem), prefix, substring
@@ -72,7 +72,7 @@ class Vocabulary:
         if cached is not None:
             return cached
         same_stem = self._stems.get(stem(token), set())
-        exact = tuple((t, 1.0 if t == token else self._p.stem_match) for t in sorted(same_stem))
+        exact = tuple((t, self._stem_factor(token, t)) for t in sorted(same_stem))
         prefix: list[tuple[str, float]] = []
         substring: list[tuple[str, float]] = []
         candidates = self._partial_candidates(token) if partial else set()
@@ -83,6 +83,13 @@ class Vocabulary:
             self._expansions.clear()
         self._expansions[token, partial] = expansion
         return expansion
+
+    def _stem_factor(self, token: str, term: str) -> float:
+        """How much a vocabulary term of the token's stem counts: in full when it is the token, an
+        inflection of it at `inflection_match`, a derived word at `stem_match` (sense-safe stemming)."""
+        if term == token:
+            return 1.0
+        return self._p.inflection_match if inflection_pair(token, term) else self._p.stem_match
 
     def _partial_candidates(self, token: str) -> set[str]:
         """Vocabulary terms that contain `token` and are longer, found through the gram table."""
