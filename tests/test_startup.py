@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from aggregator.startup import settled_imports
 
 # What a stdio `serve` loads on the way to its first answer (the CLI, config, logging, the server, the pool).
@@ -18,7 +20,8 @@ main(["serve"])  # a real stdio serve on the built-in default config; stdin is e
 deferred = {name for name, module in sys.modules.items() if type(module).__name__ == "_StandIn"}  # not loaded
 roots = sorted({name.split(".")[0] for name in set(sys.modules) - deferred})
 with open(sys.argv[1], "w") as out:  # not stdout: in stdio mode that is the protocol's
-    json.dump({"roots": roots, "frozen": gc.get_freeze_count(), "gc": gc.isenabled()}, out)
+    ours = sorted(name for name in set(sys.modules) - deferred if name.startswith("aggregator."))
+    json.dump({"roots": roots, "ours": ours, "frozen": gc.get_freeze_count(), "gc": gc.isenabled()}, out)
 """
 
 
@@ -45,6 +48,50 @@ def test_serve_imports_no_cli_only_module_and_no_rich(tmp_path: Path) -> None:
     assert not roots & {"httpx2", "idna", "webbrowser", "json5", "pydantic_settings"}, roots
     # starlette, sse-starlette, python-multipart: the SDK's HTTP app, `--transport http` only (2.8 MB)
     assert not roots & {"starlette", "sse_starlette", "python_multipart"}, roots
+
+
+# The modules of the subcommands a stdio `serve` never runs (0.7 MB; `cli.commands` registers them lazily).
+OTHER_COMMANDS = {f"aggregator.cli.{name}" for name in ("auth", "calls", "clients", "doctor", "editing", "upstreams")}
+
+
+def test_serve_imports_no_other_subcommand_module(tmp_path: Path) -> None:
+    ours = set(_serve_imports(tmp_path)["ours"])  # type: ignore[arg-type]
+    assert "aggregator.cli.serve" in ours
+    assert not ours & (OTHER_COMMANDS | {"aggregator.cli.service"}), ours  # service: `--transport socket` only
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["-h", "serve"], "uninstall"),  # help before the command word: every command listed
+        (["--help"], "doctor"),
+        (["serv"], "did you mean 'serve' or 'service'?"),  # 'service' is another module's
+        (["--probe", "serve"], "unrecognized arguments: --probe"),  # as before: argparse's own words
+        (["--transport", "http", "serve"], "'--transport' is an option of 'serve': put it after the command"),
+        (["serve", "--transprt", "http"], "did you mean '--transport'?"),
+    ],
+)
+def test_the_serve_only_parser_leaves_help_and_mistakes_as_they_were(argv: list[str], said: str) -> None:
+    """`serve` builds a parser without the other modules' subcommands: whatever a user types around
+    it is still answered as by the whole command line, as a user sees it (a real process)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "aggregator", *argv],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert said in done.stdout + done.stderr, (done.stdout, done.stderr)
+    assert done.returncode in (0, 2)
+
+
+def test_serve_help_and_the_whole_parser_agree_on_serve() -> None:
+    from aggregator.cli.commands import build_parser
+
+    whole, serving = build_parser(), build_parser(serving=True)
+    chosen = [next(a.choices for a in p._actions if a.dest == "command") for p in (whole, serving)]
+    assert set(chosen[1]) < set(chosen[0])
+    assert chosen[1]["serve"].format_help() == chosen[0]["serve"].format_help()
 
 
 def test_the_cli_freezes_its_imports_and_collects_again_after(tmp_path: Path) -> None:
