@@ -48,6 +48,8 @@ def test_serve_imports_no_cli_only_module_and_no_rich(tmp_path: Path) -> None:
     assert not roots & {"httpx2", "idna", "webbrowser", "json5", "pydantic_settings"}, roots
     # starlette, sse-starlette, python-multipart: the SDK's HTTP app, `--transport http` only (2.8 MB)
     assert not roots & {"starlette", "sse_starlette", "python_multipart"}, roots
+    # python-dotenv: configs with an envFile only (0.15 MB); difflib: a "did you mean" only (0.15)
+    assert not roots & {"dotenv", "difflib"}, roots
 
 
 # The modules of the subcommands a stdio `serve` never runs (0.7 MB; `cli.commands` registers them lazily).
