@@ -178,3 +178,24 @@ def test_a_serving_stdio_aggregator_loads_the_http_client_for_its_first_remote_u
         for server in servers:
             server.terminate()
             server.wait(timeout=10)
+
+
+@pytest.mark.parametrize("flag", ["0", "1"])
+def test_aggregator_uvloop_0_serves_on_asyncio_without_importing_uvloop(tmp_path: Path, flag: str) -> None:
+    """`AGGREGATOR_UVLOOP=0` trades about 0.04 ms a call for 2 MB (benchmarks/uvloop_bench.py): the
+    loop it runs is asyncio's own and uvloop is not even imported; by default uvloop runs when installed."""
+    import importlib.util
+
+    from tests.conftest import kit_upstream, rpc, spawn_raw_aggregator, write_config
+
+    proc = spawn_raw_aggregator(write_config(tmp_path, {"kit": kit_upstream()}), AGGREGATOR_UVLOOP=flag)
+    try:
+        echo = {"server": "kit", "tool": "echo", "arguments": {"message": "m"}}
+        called = rpc(proc, 1, "tools/call", {"name": "catalog_call_tool", "arguments": echo})
+        assert not called["result"].get("isError"), called
+        mapped = "uvloop" in Path(f"/proc/{proc.pid}/maps").read_text()
+        assert mapped is (flag == "1" and importlib.util.find_spec("uvloop") is not None)
+    finally:
+        assert proc.stdin
+        proc.stdin.close()
+        proc.wait(timeout=30)
