@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,10 +26,11 @@ with open(sys.argv[1], "w") as out:  # not stdout: in stdio mode that is the pro
 """
 
 
-def _serve_imports(tmp_path: Path) -> dict[str, object]:
+def _serve_imports(tmp_path: Path, **env: str) -> dict[str, object]:
     out = tmp_path / "imports.json"
     done = subprocess.run(
         [sys.executable, "-c", SERVE_IMPORTS, str(out)],
+        env={k: v for k, v in os.environ.items() if k != "OTEL_EXPORTER_OTLP_ENDPOINT"} | env,
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -50,6 +52,12 @@ def test_serve_imports_no_cli_only_module_and_no_rich(tmp_path: Path) -> None:
     assert not roots & {"starlette", "sse_starlette", "python_multipart"}, roots
     # python-dotenv: configs with an envFile only (0.15 MB); difflib: a "did you mean" only (0.15)
     assert not roots & {"dotenv", "difflib"}, roots
+    assert "opentelemetry" not in roots, roots  # its API: no span is made with no OTEL endpoint (0.4 MB)
+
+
+def test_serve_with_an_otel_endpoint_keeps_the_sdk_spans_and_their_api(tmp_path: Path) -> None:
+    found = _serve_imports(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9")
+    assert "opentelemetry" in found["roots"]  # type: ignore[operator]
 
 
 # The modules of the subcommands a stdio `serve` never runs (0.7 MB; `cli.commands` registers them lazily).
