@@ -62,6 +62,7 @@ DEFERRED = [  # kept out of a stdio serve: what they would add
         " aggregator.cli.editing, aggregator.cli.service, aggregator.cli.upstreams, dotenv.parser, difflib",
     ),
     ("OpenTelemetry's API (a span made: an OTEL endpoint set)", "import mcp.shared._otel as o; o.otel_span.__name__"),
+    ("the SDK's OAuth models (the first OAuth upstream)", "import mcp.shared.auth"),
     (
         "httpx2 and the SDK's HTTP clients",
         "import mcp.client.client as c, mcp.client.auth; c.streamable_http_client.__name__",
