@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 __all__ = ["closest", "did_you_mean"]
@@ -13,6 +12,8 @@ def closest(word: str, valid: Iterable[str], cutoff: float = 0.6, *, parts: bool
 
     `parts`: failing that, the first option (in sorted order) that contains `word` (3+ characters).
     """
+    import difflib  # here: only a mistake asks, and `serve` need not hold it (issue 24, memory)
+
     options = list(valid)
     for option in options:
         if option.lower() == word.lower():

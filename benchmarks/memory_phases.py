@@ -40,7 +40,7 @@ PHASES = [
         "mcp_types public models (built), pydantic's model machinery",
         "from aggregator import sdk; from aggregator.sdk import deferred\n"
         "sdk.defer_wire_model_builds(); deferred.defer_mcpserver(); deferred.defer_http_clients()\n"
-        "deferred.defer_http_server()\n"
+        "deferred.defer_http_server(); deferred.defer_tracing()\n"
         "import mcp_types",
     ),
     ("mcp_types both eras' wire models (deferred)", "import mcp_types.methods"),
@@ -48,7 +48,7 @@ PHASES = [
     ("the rest of `import mcp` (its server and client sessions)", "import mcp, mcp.client.stdio, mcp.server.stdio"),
     ("structlog and our logging", "import aggregator.log"),
     ("our config and settings (yaml, platformdirs, models)", "import aggregator.config, aggregator.settings"),
-    ("our CLI", "import aggregator.cli.commands"),
+    ("our CLI (the parser and `serve`'s module)", "import aggregator.cli.commands, aggregator.cli.serve"),
     (
         "our server, pool, stdio side",
         "import aggregator.proxy.server, aggregator.upstream.pool, aggregator.downstream.stdio",
@@ -56,6 +56,13 @@ PHASES = [
     ("uvloop", "import uvloop"),
 ]
 DEFERRED = [  # kept out of a stdio serve: what they would add
+    (
+        "the CLI's other subcommands, python-dotenv, difflib",
+        "import aggregator.cli.auth, aggregator.cli.calls, aggregator.cli.clients, aggregator.cli.doctor,"
+        " aggregator.cli.editing, aggregator.cli.service, aggregator.cli.upstreams, dotenv.parser, difflib",
+    ),
+    ("OpenTelemetry's API (a span made: an OTEL endpoint set)", "import mcp.shared._otel as o; o.otel_span.__name__"),
+    ("the SDK's OAuth models (the first OAuth upstream)", "import mcp.shared.auth"),
     (
         "httpx2 and the SDK's HTTP clients",
         "import mcp.client.client as c, mcp.client.auth; c.streamable_http_client.__name__",

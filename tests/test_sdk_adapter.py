@@ -271,7 +271,7 @@ print("ok")
 async def test_untraced_upstream_requests_replaces_the_client_span_and_requests_still_work() -> None:
     import mcp.shared.jsonrpc_dispatcher as dispatcher
 
-    saved = dispatcher.otel_span, dispatcher.inject_trace_context  # names the patch replaces
+    saved = dispatcher.otel_span, dispatcher.inject_trace_context, dispatcher.SpanKind, dispatcher.StatusCode
     try:
         sdk.untraced_upstream_requests()
         assert dispatcher.otel_span is not saved[0] and dispatcher.inject_trace_context is not saved[1]
@@ -286,8 +286,8 @@ async def test_untraced_upstream_requests_replaces_the_client_span_and_requests_
 
         await _run(Server("s", on_list_tools=list_tools), body)
         assert [tool["name"] for tool in got["tools"]] == ["t"]
-    finally:
-        dispatcher.otel_span, dispatcher.inject_trace_context = saved
+    finally:  # the names the patch replaces
+        dispatcher.otel_span, dispatcher.inject_trace_context, dispatcher.SpanKind, dispatcher.StatusCode = saved
 
 
 def _fresh(script: str) -> None:
@@ -457,5 +457,52 @@ async def main():
 
 anyio.run(main)
 assert deferred.defer_http_server() is False
+print("ok")
+""")
+
+
+def test_defer_tracing_keeps_opentelemetry_out_until_a_span_is_made() -> None:
+    """`mcp.shared.jsonrpc_dispatcher` and `mcp.server._otel` bind OpenTelemetry's `SpanKind`, `StatusCode`
+    and the span helpers of `mcp.shared._otel`; deferred, a server and client with the spans taken out (as
+    `serve` with no OTEL endpoint) talk without loading either, and a server that keeps the SDK's span
+    middleware loads both with its first span and serves as before."""
+    _fresh("""
+import sys, anyio
+from aggregator import sdk
+from aggregator.sdk import deferred
+assert deferred.defer_tracing() and deferred.defer_mcpserver() and deferred.defer_http_clients()  # as serve
+import mcp, mcp.types as types
+from mcp import ClientSession
+from mcp.server import Server
+from mcp.shared.memory import create_client_server_memory_streams
+
+def loaded(name):
+    return name in sys.modules and type(sys.modules[name]).__name__ != "_StandIn"
+
+async def list_tools(ctx, params):
+    return types.ListToolsResult(tools=[types.Tool(name="t", input_schema={"type": "object"})])
+
+async def round_trip(server):
+    async with create_client_server_memory_streams() as (ours, theirs), anyio.create_task_group() as tg:
+        tg.start_soon(lambda: server.run(*theirs, server.create_initialization_options()))
+        async with ClientSession(*ours) as session:
+            await session.initialize()
+            listed = await session.list_tools()
+        tg.cancel_scope.cancel()
+    return [tool.name for tool in listed.tools]
+
+assert not loaded("opentelemetry.trace") and not loaded("mcp.shared._otel")
+untraced = Server("s", on_list_tools=list_tools)
+untraced.middleware = sdk.without_tracing(untraced.middleware)  # as serve with no OTEL endpoint
+sdk.untraced_upstream_requests()
+assert anyio.run(round_trip, untraced) == ["t"]
+assert not loaded("opentelemetry.trace") and not loaded("mcp.shared._otel")
+
+traced = Server("s", on_list_tools=list_tools)  # keeps the SDK's span per request: its first span loads the API
+assert anyio.run(round_trip, traced) == ["t"]
+import opentelemetry.trace, mcp.server._otel as server_otel, mcp.shared._otel as shared_otel
+assert loaded("opentelemetry.trace") and loaded("mcp.shared._otel")
+assert server_otel.SpanKind is opentelemetry.trace.SpanKind and server_otel.otel_span is shared_otel.otel_span
+assert deferred.defer_tracing() is False
 print("ok")
 """)

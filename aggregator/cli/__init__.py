@@ -6,6 +6,7 @@ a client pays for the standard library only (`aggregator.downstream.connect`).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -33,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 deferred.defer_mcpserver()
                 deferred.defer_http_clients()  # httpx2 with the first remote upstream (upstream/http_transports.py)
+                if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):  # serve then makes no span (sdk/__init__)
+                    deferred.defer_tracing()
                 if not deferred.defer_http_server():  # starlette and the HTTP app with --transport http only
                     deferred.import_sse_without_uvicorn()  # else at least no uvicorn (downstream/http.py)
         from aggregator.cli.commands import main as cli_main

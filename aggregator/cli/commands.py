@@ -23,8 +23,6 @@ import anyio.lowlevel
 
 from aggregator import __version__
 from aggregator.cli.exit_codes import EXIT_USAGE
-from aggregator.cli.serve import serve
-from aggregator.cli.upstreams import list_upstreams, refresh, search
 from aggregator.config import AggregatorConfig, ConfigError, load_config
 from aggregator.faults import Fault
 from aggregator.log import configure_logging, get_logger, redact_text, register_secrets
@@ -119,7 +117,11 @@ def _port(text: str) -> int:
     return port
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, serving: bool = False) -> argparse.ArgumentParser:
+    """The whole command line; `serving`: a `serve` is about to run, so the subcommands of the sibling
+    modules are left out (importing them costs `serve` 0.7 MB it never uses; issue 24). A parser built so
+    still knows `serve` and the commands defined here, and `main` only builds it when the command word is
+    `serve` with no help asked before it, so help and did-you-mean always see every command."""
     # SUPPRESS: an option given before the subcommand is not reset by the subcommand's default.
     common = _Parser(add_help=False, argument_default=argparse.SUPPRESS)
     common.add_argument("--config", type=Path, help="YAML (or mcpServers JSON) config file")
@@ -181,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     refresh.add_argument("--json", action="store_true", help="print JSON instead of a table")
     for command in (upstreams, search, refresh):
         command.add_argument("--data-dir", type=Path, help="where catalog snapshots live")
-    _register_commands(sub, common)  # tools, describe, call, doctor, import, install, uninstall
+    if not serving:
+        _register_commands(sub, common)  # tools, describe, call, doctor, import, install, uninstall
     return parser
 
 
@@ -206,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from aggregator.downstream.stdio import plug_standard_fds
 
     plug_standard_fds()  # before anything opens a file: `serve <&-` must not read from a stray descriptor
-    parser = build_parser()
+    parser = build_parser(serving=_serving(words))
     if not words:
         parser.print_help()  # a bare `aggregator`: what it can do, not a usage error
         return 0
@@ -221,6 +224,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(args, real_process=argv is None)
     with escaped_output():  # an upstream's name, description or result never drives the terminal
         return _dispatch(args, real_process=argv is None)
+
+
+def _serving(words: Sequence[str]) -> bool:
+    """Whether `words` run `serve`: its word is the command and no help is asked for before it."""
+    from aggregator.cli import _command_index  # the word `aggregator.cli.main` dispatches on
+
+    at = _command_index(list(words))
+    return at is not None and words[at] == "serve" and not {"-h", "--help"} & set(words[:at])
 
 
 def _dispatch(args: argparse.Namespace, *, real_process: bool) -> int:
@@ -246,16 +257,21 @@ def _dispatch(args: argparse.Namespace, *, real_process: bool) -> int:
     _report_broken(config, serving=args.command == "serve")
     if settings.max_result_bytes is not None:
         config = config.model_copy(update={"max_result_bytes": settings.max_result_bytes})
-    commands: dict[str, Callable[[argparse.Namespace, AggregatorConfig, Settings], Awaitable[int]]] = {
-        "serve": serve,
-        "list-upstreams": list_upstreams,
-        "search": search,
-        "refresh": refresh,
-    }
-    code = _run(getattr(args, "handler", None) or commands[args.command], args, config, settings)
+    code = _run(getattr(args, "handler", None) or _command(args.command), args, config, settings)
     if args.command == "serve" and real_process:
         _exit_now(code)
     return code
+
+
+def _command(name: str) -> Callable[[argparse.Namespace, AggregatorConfig, Settings], Awaitable[int]]:
+    """The handler of a command defined in this module's parser, imported only when it runs."""
+    if name == "serve":
+        from aggregator.cli.serve import serve
+
+        return serve
+    from aggregator.cli import upstreams
+
+    return {"list-upstreams": upstreams.list_upstreams, "search": upstreams.search, "refresh": upstreams.refresh}[name]
 
 
 def _exit_now(code: int) -> typing.NoReturn:
@@ -335,12 +351,13 @@ def _stdout_closed() -> int:
 
 
 def _backend_options() -> dict[str, Any]:
-    """uvloop when installed: a proxy's latency is mostly event-loop turns."""
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
+    """uvloop when installed: a proxy's latency is mostly event-loop turns. `AGGREGATOR_UVLOOP=0` runs
+    asyncio's own loop and leaves uvloop unimported (1.1 MB less; docs/performance.md has both measured)."""
+    import importlib.util
+
+    if os.environ.get("AGGREGATOR_UVLOOP", "1") == "0" or importlib.util.find_spec("uvloop") is None:
         return {}
-    return {"use_uvloop": os.environ.get("AGGREGATOR_UVLOOP", "1") != "0"}
+    return {"use_uvloop": True}
 
 
 if __name__ == "__main__":  # pragma: no cover

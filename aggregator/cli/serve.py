@@ -28,8 +28,6 @@ log = get_logger(__name__)
 
 
 async def serve(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    from aggregator.cli import service
-
     with settled_imports():  # the server's modules, frozen with the rest (issue 24: start-up)
         from aggregator.proxy.server import AggregatorServer
         from aggregator.upstream.pool import UpstreamPool
@@ -55,7 +53,11 @@ async def serve(args: argparse.Namespace, config: AggregatorConfig, settings: Se
         except HttpConfigError as exc:
             print(f"aggregator: {exc}", file=sys.stderr)
             return EXIT_USAGE
-    claim = service.claim_service(args, config.source) if args.transport == "socket" else None
+    claim = None
+    if args.transport == "socket":  # the per-user service's module only when serving as it
+        from aggregator.cli import service
+
+        claim = service.claim_service(args, config.source)
     if isinstance(claim, str):
         print(f"aggregator: {claim}", file=sys.stderr)
         return 0
@@ -83,7 +85,7 @@ async def serve(args: argparse.Namespace, config: AggregatorConfig, settings: Se
             async with server.running():
                 with serving:
                     if claim is not None:
-                        await service.run_service(server, claim, settings)
+                        await _run_service(server, claim, settings)
                     elif sock is None:
                         await _serve_stdio(server, settings)
                     else:
@@ -117,6 +119,12 @@ def _http_banner(sock: Any, token: str | None) -> str:
         else "no token required (set AGGREGATOR_TOKEN to require one)"
     )
     return f"aggregator: serving MCP at http://{shown}:{port}/mcp; {auth}; Ctrl-C stops"
+
+
+async def _run_service(server: Any, claim: Any, settings: Settings) -> None:
+    from aggregator.cli import service
+
+    await service.run_service(server, claim, settings)
 
 
 async def _serve_stdio(server: Any, settings: Settings) -> None:

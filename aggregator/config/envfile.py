@@ -9,8 +9,6 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from dotenv.parser import parse_stream
-
 from aggregator.config.config_file import read_text
 from aggregator.config.errors import ConfigError, Context, KeyPath
 from aggregator.config.expand import VAR_NAME
@@ -25,6 +23,8 @@ def read_env_file(path_text: str, path: KeyPath, ctx: Context) -> dict[str, str]
         env_path = ctx.base_dir / env_path
     if not env_path.is_file():
         raise ctx.error(path, f"the env file {str(env_path)!r} was not found", "create it or correct envFile")
+    from dotenv.parser import parse_stream  # here: few configs name an envFile (issue 24, memory)
+
     result: dict[str, str] = {}
     for binding in parse_stream(io.StringIO(read_text(env_path))):
         if binding.key is None and not binding.error:

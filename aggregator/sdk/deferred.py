@@ -29,6 +29,13 @@ names the low-level server binds; three of the names are numbers used as default
 (no placeholder can be a number), so their values are restated here, checked against the SDK's by
 `tests/test_sdk_adapter.py`. `--transport http` loads them when it builds the app.
 
+OpenTelemetry's API (0.4 MB traced): `mcp.shared.jsonrpc_dispatcher` and `mcp.server._otel` bind
+`SpanKind` and `StatusCode` from `opentelemetry.trace` and the span helpers of `mcp.shared._otel` (which
+makes its tracer at import), for a span per request. `serve` with no `OTEL_EXPORTER_OTLP_ENDPOINT`
+takes those spans out on both legs (`sdk.without_tracing`, `sdk.untraced_upstream_requests`), so
+`defer_tracing()` gives both modules stand-ins; a span the SDK still makes (a server the aggregator
+did not strip) loads the real ones, and the span with them.
+
 uvicorn: `mcp.server.streamable_http` imports `sse_starlette`, whose import imports uvicorn (click,
 multiprocessing, logging.config: 2.5 MB RSS) only to hook uvicorn's exit handler. When the HTTP
 server cannot be deferred, `import_sse_without_uvicorn` imports `sse_starlette` with uvicorn
@@ -103,7 +110,12 @@ HTTP_SERVER = (
         constants=(("DEFAULT_MAX_REQUEST_BODY_SIZE", 4 * 1024 * 1024),),
     ),
 )
-_DEFERRALS = {deferral.module: deferral for deferral in (MCPSERVER, *HTTP_CLIENTS, *HTTP_SERVER)}
+_TRACED = ("mcp.shared.jsonrpc_dispatcher", "mcp.server._otel")  # the SDK modules that make spans
+TRACING = (
+    Deferral("opentelemetry.trace", ("SpanKind", "StatusCode"), _TRACED),
+    Deferral("mcp.shared._otel", ("extract_trace_context", "inject_trace_context", "otel_span"), _TRACED),
+)
+_DEFERRALS = {deferral.module: deferral for deferral in (MCPSERVER, *HTTP_CLIENTS, *HTTP_SERVER, *TRACING)}
 _IMPORT_SYSTEM = "importlib._bootstrap"  # its `from package import name` asks `hasattr` first
 
 
@@ -127,6 +139,15 @@ def defer_http_server() -> bool:
     if "mcp" in sys.modules or "starlette" in sys.modules:
         return False
     return all([_defer(deferral) for deferral in HTTP_SERVER])
+
+
+def defer_tracing() -> bool:
+    """Keep OpenTelemetry's API out until a span is made; False (nothing done) once `mcp` or it is imported.
+
+    For a `serve` that takes the SDK's spans out (no `OTEL_EXPORTER_OTLP_ENDPOINT`): it then makes none."""
+    if "mcp" in sys.modules or "opentelemetry.trace" in sys.modules:
+        return False
+    return all([_defer(deferral) for deferral in TRACING])
 
 
 def _defer(deferral: Deferral) -> bool:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
-from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata
 from mcp.shared.exceptions import MCPDeprecationWarning
 from pydantic import AnyUrl
 
@@ -33,6 +32,7 @@ if TYPE_CHECKING:  # the providers load when an upstream signs in: their client-
     # imports PyJWT and with it `cryptography` (about 8 MB RSS a `serve` of stdio upstreams never uses);
     # httpx2 and the SDK's `mcp.client.auth` (which imports it) load with the first remote upstream too
     import httpx2
+    from mcp.shared.auth import OAuthClientInformationFull
 
     from aggregator.sdk.oauth import ClientCredentialsProvider, OAuthProvider, PrivateKeyJWTProvider
 
@@ -99,6 +99,8 @@ class Authenticator:
                 warnings.simplefilter("ignore", MCPDeprecationWarning)  # on stderr: `doctor` says it instead
                 provider = _client_credentials(config, storage, scope)
         else:
+            from mcp.shared.auth import OAuthClientMetadata  # here: the SDK's OAuth models (oauth_tokens.py)
+
             interactive = self.interactive or offer is not None
             step = BrowserStep(
                 config.name,
@@ -212,6 +214,8 @@ def _identity_assertion(config: UpstreamConfig, storage: StoredTokens, scope: st
 def _configured_client(config: UpstreamConfig) -> OAuthClientInformationFull | None:
     if config.client_id is None or config.auth in ("client_credentials", "identity_assertion"):
         return None
+    from mcp.shared.auth import OAuthClientInformationFull
+
     secret = config.client_secret
     return OAuthClientInformationFull(
         client_id=config.client_id,

@@ -17,14 +17,17 @@ import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
 import anyio
 import anyio.abc
 import anyio.to_thread
-from mcp.shared.auth import AuthorizationCodeResult
 
 from aggregator.upstream.oauth_tokens import TokenStoreError
+
+if TYPE_CHECKING:  # the SDK's OAuth models load with the first sign-in (upstream/oauth_tokens.py)
+    from mcp.shared.auth import AuthorizationCodeResult
 
 __all__ = [
     "CALLBACK_TIMEOUT_SECONDS",
@@ -205,6 +208,8 @@ async def _answer_callback(stream: anyio.abc.SocketStream, state: str | None) ->
         await _respond(stream, "400 Bad Request", "No authorization code in this request.")
         return None
     await _respond(stream, "200 OK", "Signed in. You can close this tab.")
+    from mcp.shared.auth import AuthorizationCodeResult
+
     return AuthorizationCodeResult(code=query["code"], state=query.get("state"), iss=query.get("iss"))
 
 

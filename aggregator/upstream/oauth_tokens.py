@@ -21,13 +21,15 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from pydantic import ValidationError
 
 from aggregator.files import write_atomically
 from aggregator.log import get_logger, register_secrets
+
+if TYPE_CHECKING:  # the SDK's OAuth models (0.3 MB) load with the first stored token or client read
+    from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
 __all__ = ["STORE_CHOICES", "STORE_NAME", "TOKEN_STORE_ENV", "StoredTokens", "TokenStore", "TokenStoreError"]
 
@@ -360,6 +362,8 @@ class StoredTokens:
         self._seen = store.stamp()  # the store's stamp when this provider last looked at its entry
 
     async def get_tokens(self) -> OAuthToken | None:
+        from mcp.shared.auth import OAuthToken
+
         entry = self._store.entry(self._name, self._url)
         try:
             tokens = OAuthToken.model_validate(entry["tokens"]) if "tokens" in entry else None
@@ -401,6 +405,8 @@ class StoredTokens:
     async def get_client_info(self) -> OAuthClientInformationFull | None:
         if self._client is not None:
             return self._client
+        from mcp.shared.auth import OAuthClientInformationFull
+
         entry = self._store.entry(self._name, self._url)
         try:
             self._used = OAuthClientInformationFull.model_validate(entry["client"]) if "client" in entry else None
