@@ -52,6 +52,8 @@ from aggregator.catalog.search.vocabulary import Tiers, Vocabulary
 from aggregator.catalog.store import CatalogStore
 
 Postings = dict[int, float]  # document id → the term's best field weight in that document
+# (server field, tool field): a server field equal to the tool's is not counted again
+SERVER_ECHOES = (("server_name", "name"), ("server_description", "description"))
 _STATS_BUDGET = 400_000  # entries of per-token match tables kept between queries (~30 MB)
 
 
@@ -132,11 +134,20 @@ class ToolSearchIndex:
         self._remove_tools(server)
         self._remove_card(server)
         self._catalogs[server] = catalog
-        shared = field_frequencies(self._server_fields(server), self._p)
-        self._tool_ids[server] = [
-            self._add_doc(_Doc(server, entry.name, entry, bm25f_terms(tool_fields(entry), self._p, shared)))
-            for entry in catalog.exposed_tools
-        ]
+        fields = self._server_fields(server)
+        shared = field_frequencies(fields, self._p)
+        tools = catalog.exposed_tools
+        self._tool_ids[server] = [self._add_doc(self._tool_doc(entry, fields, shared)) for entry in tools]
+
+    def _tool_doc(self, entry: ToolEntry, server: Mapping[str, list[str]], shared: Mapping[str, float]) -> _Doc:
+        """A tool's document: its own fields and its server's, less a server field that only
+        repeats the tool's own (a one-tool server named and described as its tool): the same
+        words counted twice would weigh as two pieces of evidence."""
+        own = tool_fields(entry)
+        repeated = [f for f, mine in SERVER_ECHOES if server[f] and server[f] == own[mine]]
+        if repeated:
+            shared = field_frequencies({f: t for f, t in server.items() if f not in repeated}, self._p)
+        return _Doc(entry.server, entry.name, entry, bm25f_terms(own, self._p, shared))
 
     def drop_catalog(self, server: str) -> None:
         """Forget one upstream's tools; its card comes back if it has metadata."""
