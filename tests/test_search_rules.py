@@ -463,3 +463,5 @@ def test_a_server_field_that_only_repeats_its_tool_counts_once() -> None:
         assert sum(m.contribution for m in echoed.explain(query, "weather", "weather")) == pytest.approx(score)
     assert richer.all_scores("radar")["weather", "weather"] > 0
     assert richer.all_scores("forecasts")["weather", "weather"] > bare.all_scores("forecasts")["weather", "weather"]
+    echoed_fields = {m.term: m.fields for m in echoed.explain("weather forecasts", "weather", "weather")}
+    assert echoed_fields == {"weather": ("name",), "forecasts": ("description",)}  # explain names what counted

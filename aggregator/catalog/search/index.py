@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from aggregator.catalog.model import Catalog, ToolEntry
-from aggregator.catalog.search.documents import card_fields, server_fields, tool_fields
+from aggregator.catalog.search.documents import card_fields, counted_server_fields, server_fields, tool_fields
 from aggregator.catalog.search.explain import Match, explain
 from aggregator.catalog.search.query import Commonness, QueryTerm, query_terms
 from aggregator.catalog.search.retrieval import (
@@ -52,8 +52,6 @@ from aggregator.catalog.search.vocabulary import Tiers, Vocabulary
 from aggregator.catalog.store import CatalogStore
 
 Postings = dict[int, float]  # document id → the term's best field weight in that document
-# (server field, tool field): a server field equal to the tool's is not counted again
-SERVER_ECHOES = (("server_name", "name"), ("server_description", "description"))
 _STATS_BUDGET = 400_000  # entries of per-token match tables kept between queries (~30 MB)
 
 
@@ -140,13 +138,11 @@ class ToolSearchIndex:
         self._tool_ids[server] = [self._add_doc(self._tool_doc(entry, fields, shared)) for entry in tools]
 
     def _tool_doc(self, entry: ToolEntry, server: Mapping[str, list[str]], shared: Mapping[str, float]) -> _Doc:
-        """A tool's document: its own fields and its server's, less a server field that only
-        repeats the tool's own (a one-tool server named and described as its tool): the same
-        words counted twice would weigh as two pieces of evidence."""
+        """A tool's document: its own fields and its server's (`counted_server_fields`)."""
         own = tool_fields(entry)
-        repeated = [f for f, mine in SERVER_ECHOES if server[f] and server[f] == own[mine]]
-        if repeated:
-            shared = field_frequencies({f: t for f, t in server.items() if f not in repeated}, self._p)
+        counted = counted_server_fields(own, server)
+        if len(counted) < len(server):
+            shared = field_frequencies(counted, self._p)
         return _Doc(entry.server, entry.name, entry, bm25f_terms(own, self._p, shared))
 
     def drop_catalog(self, server: str) -> None:
@@ -185,7 +181,8 @@ class ToolSearchIndex:
 
     def fields(self, entry: ToolEntry) -> dict[str, list[str]]:
         """The tokens of each field of a tool, as indexed: its own and its server's."""
-        return {**tool_fields(entry), **self._server_fields(entry.server)}
+        own = tool_fields(entry)
+        return {**own, **counted_server_fields(own, self._server_fields(entry.server))}
 
     def _set_card(self, server: str) -> None:
         self._remove_card(server)
