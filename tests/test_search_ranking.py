@@ -142,6 +142,21 @@ def test_everyday_requests_find_the_right_tool_in_the_top_3(query: str, expected
     assert expected & set(top), top
 
 
+def test_a_one_tool_server_described_as_its_tool_ranks_as_without_metadata() -> None:
+    """An operator who copies a one-tool server's tool description into its metadata adds no
+    evidence: every everyday request ranks as it does without that metadata."""
+    echo = {
+        server: (catalog.exposed_tools[0].description, [])
+        for server, catalog in REAL.items()
+        if len(catalog.exposed_tools) == 1
+    }
+    assert set(echo) == {"fetch", "sequential-thinking"}
+    plain, _ = build(REAL.values())
+    echoed, _ = build(REAL.values(), echo)
+    for query, _ in EVERYDAY:
+        assert ranked(echoed, query, 10) == ranked(plain, query, 10), query
+
+
 def test_a_name_in_the_request_does_not_pull_in_tools_its_letters_spell() -> None:
     index, _ = build(REAL.values())
     top = [tool for _, tool in ranked(index, "remember that Lana Del Rey released a new album", 3)]

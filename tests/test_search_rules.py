@@ -447,3 +447,21 @@ def test_related_table_shipped_file_is_whole() -> None:
     sample = list(raw)[:: len(raw) // 500]
     assert all(table.get(word) == table[word] == _parse_related(raw[word]) for word in sample)
     assert table.get("not-a-word-at-all") == ()
+
+
+def test_a_server_field_that_only_repeats_its_tool_counts_once() -> None:
+    """A one-tool server named and described as its tool: the repeated words are one piece of
+    evidence, so the tool weighs as it would with no server metadata; a server that says more counts."""
+    tool = {"name": "weather", "description": "Forecasts for any city"}
+    others = [synthetic("news", {"name": "headlines", "description": "News of any city"})]
+    bare, _ = build([synthetic("weather", tool), *others])
+    echoed, _ = build([synthetic("weather", tool), *others], {"weather": ("Forecasts for any city", [])})
+    richer, _ = build([synthetic("weather", tool), *others], {"weather": ("Forecasts and radar", [])})
+    for query in ("weather forecasts", "city"):
+        score = bare.all_scores(query)["weather", "weather"]
+        assert echoed.all_scores(query)["weather", "weather"] == pytest.approx(score)
+        assert sum(m.contribution for m in echoed.explain(query, "weather", "weather")) == pytest.approx(score)
+    assert richer.all_scores("radar")["weather", "weather"] > 0
+    assert richer.all_scores("forecasts")["weather", "weather"] > bare.all_scores("forecasts")["weather", "weather"]
+    echoed_fields = {m.term: m.fields for m in echoed.explain("weather forecasts", "weather", "weather")}
+    assert echoed_fields == {"weather": ("name",), "forecasts": ("description",)}  # explain names what counted

@@ -37,6 +37,18 @@ def server_fields(server: str, description: str, capabilities: Iterable[str]) ->
     }
 
 
+# (server field, tool field): a server field equal to the tool's own is not counted again
+SERVER_ECHOES = (("server_name", "name"), ("server_description", "description"))
+
+
+def counted_server_fields(own: Mapping[str, list[str]], server: Mapping[str, list[str]]) -> dict[str, list[str]]:
+    """The server fields that count for a tool with fields `own`: all but one that only repeats the
+    tool's own (a one-tool server named and described as its tool), whose words counted twice would
+    weigh as two pieces of evidence."""
+    echoes = {field for field, mine in SERVER_ECHOES if server.get(field) and server[field] == own.get(mine)}
+    return {field: tokens for field, tokens in server.items() if field not in echoes}
+
+
 def card_fields(server_fields: Mapping[str, list[str]]) -> dict[str, list[str]]:
     """A card's fields: on its own, the server's name and description weigh as a tool's."""
     return {"name": server_fields["server_name"], "description": server_fields["server_description"]}

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from aggregator.catalog.model import Catalog, ToolEntry
-from aggregator.catalog.search.documents import card_fields, server_fields, tool_fields
+from aggregator.catalog.search.documents import card_fields, counted_server_fields, server_fields, tool_fields
 from aggregator.catalog.search.explain import Match, explain
 from aggregator.catalog.search.query import Commonness, QueryTerm, query_terms
 from aggregator.catalog.search.retrieval import (
@@ -132,11 +132,18 @@ class ToolSearchIndex:
         self._remove_tools(server)
         self._remove_card(server)
         self._catalogs[server] = catalog
-        shared = field_frequencies(self._server_fields(server), self._p)
-        self._tool_ids[server] = [
-            self._add_doc(_Doc(server, entry.name, entry, bm25f_terms(tool_fields(entry), self._p, shared)))
-            for entry in catalog.exposed_tools
-        ]
+        fields = self._server_fields(server)
+        shared = field_frequencies(fields, self._p)
+        tools = catalog.exposed_tools
+        self._tool_ids[server] = [self._add_doc(self._tool_doc(entry, fields, shared)) for entry in tools]
+
+    def _tool_doc(self, entry: ToolEntry, server: Mapping[str, list[str]], shared: Mapping[str, float]) -> _Doc:
+        """A tool's document: its own fields and its server's (`counted_server_fields`)."""
+        own = tool_fields(entry)
+        counted = counted_server_fields(own, server)
+        if len(counted) < len(server):
+            shared = field_frequencies(counted, self._p)
+        return _Doc(entry.server, entry.name, entry, bm25f_terms(own, self._p, shared))
 
     def drop_catalog(self, server: str) -> None:
         """Forget one upstream's tools; its card comes back if it has metadata."""
@@ -174,7 +181,8 @@ class ToolSearchIndex:
 
     def fields(self, entry: ToolEntry) -> dict[str, list[str]]:
         """The tokens of each field of a tool, as indexed: its own and its server's."""
-        return {**tool_fields(entry), **self._server_fields(entry.server)}
+        own = tool_fields(entry)
+        return {**own, **counted_server_fields(own, self._server_fields(entry.server))}
 
     def _set_card(self, server: str) -> None:
         self._remove_card(server)

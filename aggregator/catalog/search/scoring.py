@@ -51,8 +51,8 @@ class RankingParams:
     params: float = 1.0
     annotations: float = 0.3
     server_name: float = 2.0
-    server_description: float = 0.25
-    name_b: float = 0.25
+    server_description: float = 0.5
+    name_b: float = 0.5
     description_b: float = 0.75
     params_b: float = 0.75
     server_b: float = 0.75
