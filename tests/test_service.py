@@ -7,10 +7,13 @@ started and checks that neither it nor any upstream of it is left running.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import select
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -390,6 +393,60 @@ def test_service_sigkilled_under_clients(service: Service, relay: bool) -> None:
         assert call_kit(again, 3, "echo", message="again")["result"]["content"][0]["text"] == "again"
         assert service.pid() not in (None, old)
         assert finish(again) == 0
+
+
+class DyingService:
+    """What a SIGKILLed service is for an instant: its listener still at the socket path, closed (every
+    waiting connection reset) as soon as a connection arrives; with its pid lock still held, or freed."""
+
+    def __init__(self, files: Any, *, holds_lock: bool) -> None:
+        Path(files.socket).unlink()  # the killed service's stale file; ours in its place, unaccepted
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(files.socket)
+        self.listener.listen(8)
+        self.lock = -1
+        if holds_lock:  # the pid file says it is this process's listener, and the lock says it lives
+            self.lock = os.open(files.pid, os.O_RDWR)
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.ftruncate(self.lock, 0)
+            os.pwrite(self.lock, json.dumps({"pid": os.getpid()}).encode(), 0)
+        self.reached = threading.Event()
+        self.closing = threading.Lock()
+        self.thread = threading.Thread(target=self._die_when_reached, daemon=True)
+        self.thread.start()
+
+    def _die_when_reached(self) -> None:
+        if select.select([self.listener], [], [], 30)[0]:
+            self.reached.set()
+        self.close()
+
+    def close(self) -> None:
+        with self.closing:
+            if self.lock >= 0:
+                os.close(self.lock)  # as the kernel does: the lock freed first, then the listener closed
+                self.lock = -1
+            self.listener.close()
+
+
+@pytest.mark.parametrize("holds_lock", [False, True], ids=["lock-freed", "lock-held"])
+def test_a_relay_reconnecting_past_a_dying_service_starts_a_new_one(service: Service, holds_lock: bool) -> None:
+    """The race behind the SIGKILL test's flakiness, made certain: the relay's next message reaches the
+    killed service's listener before the kernel has closed it. It must start a new service all the same."""
+    client = service.connect("--relay")
+    handshake(client)
+    old = service.pid()
+    assert old is not None
+    os.kill(old, signal.SIGKILL)
+    _wait_gone([old])
+    dying = DyingService(service.files, holds_lock=holds_lock)
+    try:
+        echoed = call_kit(client, 1, "echo", message="again")
+    finally:
+        dying.close()
+    assert echoed.get("result", {}).get("content", [{}])[0].get("text") == "again", echoed
+    assert dying.reached.is_set()  # the race was run: the relay reached the dying listener first
+    assert service.pid() not in (None, old)
+    assert finish(client) == 0
 
 
 def test_the_handed_over_stdin_is_left_blocking(service: Service) -> None:
