@@ -176,11 +176,11 @@ class ServiceOpener:
         """A connection to the live service, or None: nothing listens, or what listens is a service going away.
 
         A SIGKILLed service (the OOM killer, `kill -9`) leaves its socket file, and for a moment
-        its listener too, after its pid lock is free and its clients saw their connections end
-        (seen under load: the listener's last reference goes after the others, uvloop's io_uring
-        ring being torn down by the kernel afterwards, it seems), so a `connect` there succeeds
-        and is reset an instant later. The live service is the one holding the pid lock, and the
-        listener we reached must be its own (SO_PEERCRED).
+        its listener too, after its clients saw their connections end: the kernel releases a
+        dead process's files one by one, in no set order (seen under load). A `connect` there
+        succeeds and is reset an instant later. The live service is the one holding the pid
+        lock, and the listener we reached must be its own (SO_PEERCRED). A dying service whose
+        lock is not yet released passes this: the relay retries a reset handshake for that.
         """
         sock = try_connect(self.files.socket)
         if sock is None or (service_running(self.files.pid) and _peer_pid(sock) in (None, _holder_pid(self.files.pid))):
