@@ -7,6 +7,7 @@ started and checks that neither it nor any upstream of it is left running.
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import json
 import os
@@ -35,8 +36,8 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from aggregator.cli import _command_index
-from aggregator.cli.service import query_status
-from aggregator.downstream.connect import parse_args
+from aggregator.cli.service import Claim, claim_service, query_status
+from aggregator.downstream.connect import _holder_pid, parse_args
 from aggregator.downstream.connect_relay import SLOW, _lines, _service_head
 from aggregator.downstream.runtime import connect_target, private_dir, read_pid_file, service_files, service_running
 from aggregator.upstream.guard import descendants
@@ -623,3 +624,25 @@ def test_connect_reads_the_service_answer_id_from_the_head_alone(key: Any, kind:
         assert not isinstance(key, int) or kind == "notification", line  # integer ids take the fast path
         return  # parsed in full: always right
     assert head == (parsed["id"] if kind in ("result", "error") else None)
+
+
+def test_connect_reads_the_pid_claim_service_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`connect` reads the live service's pid without json: from the very file `claim_service` writes."""
+    monkeypatch.setenv("AGGREGATOR_RUNTIME_DIR", str(Path(tempfile.mkdtemp(prefix="agg-", dir="/tmp")) / "rt"))
+    config = write_config(tmp_path, {"kit": kit_upstream()})
+    claim = claim_service(argparse.Namespace(config=str(config), data_dir=None), str(config))
+    assert isinstance(claim, Claim), claim
+    try:
+        assert _holder_pid(claim.files.pid) == os.getpid()
+    finally:
+        os.close(claim.lock_fd)
+        shutil.rmtree(Path(claim.files.directory).parent, ignore_errors=True)
+
+
+@given(st.binary(max_size=80))
+def test_a_garbled_pid_file_reads_as_no_pid(content: bytes) -> None:
+    with tempfile.NamedTemporaryFile() as fh:
+        fh.write(content)
+        fh.flush()
+        found = _holder_pid(fh.name)
+    assert found is None or (isinstance(found, int) and found >= 0 and str(found).encode() in content)
