@@ -397,8 +397,9 @@ def test_service_sigkilled_under_clients(service: Service, relay: bool) -> None:
 
 
 class DyingService:
-    """What a SIGKILLed service is for an instant: its listener still at the socket path, closed (every
-    waiting connection reset) as soon as a connection arrives; with its pid lock still held, or freed."""
+    """What a SIGKILLed service is for an instant: its listener still at the socket path, its pid lock
+    still held or freed. It dies once the connection it takes has sent something (or ended), what was
+    sent unread: the kernel resets the peer, as for a connection a dying listener never accepted."""
 
     def __init__(self, files: Any, *, holds_lock: bool) -> None:
         Path(files.socket).unlink()  # the killed service's stale file; ours in its place, unaccepted
@@ -410,16 +411,21 @@ class DyingService:
             self.lock = os.open(files.pid, os.O_RDWR)
             fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.ftruncate(self.lock, 0)
-            os.pwrite(self.lock, json.dumps({"pid": os.getpid()}).encode(), 0)
+            os.pwrite(self.lock, json.dumps({"pid": os.getpid(), "socket": files.socket}).encode(), 0)
         self.reached = threading.Event()
         self.closing = threading.Lock()
         self.thread = threading.Thread(target=self._die_when_reached, daemon=True)
         self.thread.start()
 
     def _die_when_reached(self) -> None:
+        conn = None
         if select.select([self.listener], [], [], 30)[0]:
+            conn, _ = self.listener.accept()
             self.reached.set()
+            select.select([conn], [], [], 30)  # the client's first bytes: it took us for the live service
         self.close()
+        if conn is not None:
+            conn.close()
 
     def close(self) -> None:
         with self.closing:
@@ -448,6 +454,29 @@ def test_a_relay_reconnecting_past_a_dying_service_starts_a_new_one(service: Ser
     assert dying.reached.is_set()  # the race was run: the relay reached the dying listener first
     assert service.pid() not in (None, old)
     assert finish(client) == 0
+
+
+def test_a_connect_handing_off_to_a_dying_service_finds_a_new_one(service: Service) -> None:
+    """Its hand-off reset unread by a service dying as it connected, `connect` still holds the client's
+    stdio, and gives it to a new service: the client never sees the race."""
+    first = service.connect()
+    handshake(first)
+    old = service.pid()
+    assert old is not None
+    os.kill(old, signal.SIGKILL)
+    assert first.stdout and first.stdout.read() == b""
+    assert first.wait(timeout=10) == 0
+    _wait_gone([old])
+    dying = DyingService(service.files, holds_lock=True)
+    try:
+        again = service.connect()
+        handshake(again)
+    finally:
+        dying.close()
+    assert dying.reached.is_set()
+    assert call_kit(again, 1, "echo", message="again")["result"]["content"][0]["text"] == "again"
+    assert service.pid() not in (None, old)
+    assert finish(again) == 0
 
 
 def test_the_handed_over_stdin_is_left_blocking(service: Service) -> None:

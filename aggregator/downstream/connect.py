@@ -118,23 +118,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         from aggregator.downstream.connect_relay import Bridge
 
         return Bridge(opener.open, first, timeout).run()
-    return hand_off(first, files)
+    deadline = time.monotonic() + timeout
+    while (code := hand_off(first, files)) is None:  # a service dying as we reached it: never had our stdio
+        if time.monotonic() > deadline:
+            _say(f"every service reached for {timeout:g}s went away before taking the session")
+            return 1
+        time.sleep(0.01)  # it finishes dying, or the one we start binds its socket
+        try:
+            first = opener.open()
+        except ConnectError as exc:
+            _say(str(exc))
+            return 1
+    return code
 
 
-def hand_off(sock: _socket.socket, files: ServiceFiles) -> int:
+def hand_off(sock: _socket.socket, files: ServiceFiles) -> int | None:
     """Pass our stdin and stdout to the service (SCM_RIGHTS): it talks to the client with no hop between.
 
     We stay, holding the socket, until the service ends the session (the client's EOF; the service
-    stopping or dying): the client sees its server process exit only then.
+    stopping or dying): the client sees its server process exit only then. None when the connection
+    was reset with our hand-off unread (a service dying as we connected; see `ServiceOpener._connect`):
+    its process never had the client's stdio, so another service may take it.
     """
     fds = b"".join(fd.to_bytes(FD_SIZE, sys.byteorder) for fd in (0, 1))
     try:
         sock.sendmsg([HANDOFF], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+    except ConnectionResetError:
+        sock.close()
+        return None
     except OSError as exc:
         _say(f"cannot pass stdio to the service: {exc}")
         return 1
-    while _recv(sock):
-        pass
+    while True:
+        try:
+            if not sock.recv(READ_CHUNK):
+                break
+        except ConnectionResetError:  # Linux resets a peer only while what it sent is unread
+            sock.close()
+            return None
+        except OSError:
+            break
     if not service_running(files.pid):
         _say("the aggregator service went away; this session has ended (the next start of it finds a new one)")
     return 0
@@ -284,8 +307,8 @@ def _holder_pid(pid_file: str) -> int | None:
     except OSError:
         return None
     _, found, rest = head.partition(b'"pid": ')
-    digits = rest.split(b",", 1)[0]
-    return int(digits) if found and digits.isdigit() else None
+    digits = rest[: len(rest) - len(rest.lstrip(b"0123456789"))]
+    return int(digits) if found and digits else None
 
 
 def _recv(sock: _socket.socket) -> bytes:
