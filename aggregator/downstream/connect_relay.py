@@ -164,10 +164,10 @@ class Bridge:
     def _reattach(self) -> None:
         """Attach a new service's connection, the handshake replayed (conn_lock held).
 
-        A service may still be dying as we reach it (SIGKILLed: the kernel closes its listener
-        a moment after its other descriptors): a connection reset before the replay's answer is
-        dropped and the service sought again, until the start timeout. Nothing of the client's
-        has been sent on it yet.
+        A service may still be dying as we reach it (SIGKILLed, its listener can outlast the
+        connections it served by a moment; see `ServiceOpener._connect`): a connection reset or
+        closed before the replay's answer is dropped and a service sought again, until the start
+        timeout. Nothing of the client's has been sent on it yet, only our replayed initialize.
         """
         deadline = time.monotonic() + self.timeout
         while True:
