@@ -7,10 +7,14 @@ started and checks that neither it nor any upstream of it is left running.
 
 from __future__ import annotations
 
+import argparse
+import fcntl
 import json
 import os
+import select
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -32,8 +36,8 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from aggregator.cli import _command_index
-from aggregator.cli.service import query_status
-from aggregator.downstream.connect import parse_args
+from aggregator.cli.service import Claim, claim_service, query_status
+from aggregator.downstream.connect import _holder_pid, parse_args
 from aggregator.downstream.connect_relay import SLOW, _lines, _service_head
 from aggregator.downstream.runtime import connect_target, private_dir, read_pid_file, service_files, service_running
 from aggregator.upstream.guard import descendants
@@ -392,6 +396,89 @@ def test_service_sigkilled_under_clients(service: Service, relay: bool) -> None:
         assert finish(again) == 0
 
 
+class DyingService:
+    """What a SIGKILLed service is for an instant: its listener still at the socket path, its pid lock
+    still held or freed. It dies once the connection it takes has sent something (or ended), what was
+    sent unread: the kernel resets the peer, as for a connection a dying listener never accepted."""
+
+    def __init__(self, files: Any, *, holds_lock: bool) -> None:
+        Path(files.socket).unlink()  # the killed service's stale file; ours in its place, unaccepted
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(files.socket)
+        self.listener.listen(8)
+        self.lock = -1
+        if holds_lock:  # the pid file says it is this process's listener, and the lock says it lives
+            self.lock = os.open(files.pid, os.O_RDWR)
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.ftruncate(self.lock, 0)
+            os.pwrite(self.lock, json.dumps({"pid": os.getpid(), "socket": files.socket}).encode(), 0)
+        self.reached = threading.Event()
+        self.closing = threading.Lock()
+        self.thread = threading.Thread(target=self._die_when_reached, daemon=True)
+        self.thread.start()
+
+    def _die_when_reached(self) -> None:
+        conn = None
+        if select.select([self.listener], [], [], 30)[0]:
+            conn, _ = self.listener.accept()
+            self.reached.set()
+            select.select([conn], [], [], 30)  # the client's first bytes: it took us for the live service
+        self.close()
+        if conn is not None:
+            conn.close()
+
+    def close(self) -> None:
+        with self.closing:
+            if self.lock >= 0:
+                os.close(self.lock)  # as the kernel does: the lock freed first, then the listener closed
+                self.lock = -1
+            self.listener.close()
+
+
+@pytest.mark.parametrize("holds_lock", [False, True], ids=["lock-freed", "lock-held"])
+def test_a_relay_reconnecting_past_a_dying_service_starts_a_new_one(service: Service, holds_lock: bool) -> None:
+    """The race behind the SIGKILL test's flakiness, made certain: the relay's next message reaches the
+    killed service's listener before the kernel has closed it. It must start a new service all the same."""
+    client = service.connect("--relay")
+    handshake(client)
+    old = service.pid()
+    assert old is not None
+    os.kill(old, signal.SIGKILL)
+    _wait_gone([old])
+    dying = DyingService(service.files, holds_lock=holds_lock)
+    try:
+        echoed = call_kit(client, 1, "echo", message="again")
+    finally:
+        dying.close()
+    assert echoed.get("result", {}).get("content", [{}])[0].get("text") == "again", echoed
+    assert dying.reached.is_set()  # the race was run: the relay reached the dying listener first
+    assert service.pid() not in (None, old)
+    assert finish(client) == 0
+
+
+def test_a_connect_handing_off_to_a_dying_service_finds_a_new_one(service: Service) -> None:
+    """Its hand-off reset unread by a service dying as it connected, `connect` still holds the client's
+    stdio, and gives it to a new service: the client never sees the race."""
+    first = service.connect()
+    handshake(first)
+    old = service.pid()
+    assert old is not None
+    os.kill(old, signal.SIGKILL)
+    assert first.stdout and first.stdout.read() == b""
+    assert first.wait(timeout=10) == 0
+    _wait_gone([old])
+    dying = DyingService(service.files, holds_lock=True)
+    try:
+        again = service.connect()
+        handshake(again)
+    finally:
+        dying.close()
+    assert dying.reached.is_set()
+    assert call_kit(again, 1, "echo", message="again")["result"]["content"][0]["text"] == "again"
+    assert service.pid() not in (None, old)
+    assert finish(again) == 0
+
+
 def test_the_handed_over_stdin_is_left_blocking(service: Service) -> None:
     """The service serves the client's pipe non-blocking; the description is shared (a terminal, say): restored."""
     read_end, write_end = os.pipe()
@@ -566,3 +653,25 @@ def test_connect_reads_the_service_answer_id_from_the_head_alone(key: Any, kind:
         assert not isinstance(key, int) or kind == "notification", line  # integer ids take the fast path
         return  # parsed in full: always right
     assert head == (parsed["id"] if kind in ("result", "error") else None)
+
+
+def test_connect_reads_the_pid_claim_service_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`connect` reads the live service's pid without json: from the very file `claim_service` writes."""
+    monkeypatch.setenv("AGGREGATOR_RUNTIME_DIR", str(Path(tempfile.mkdtemp(prefix="agg-", dir="/tmp")) / "rt"))
+    config = write_config(tmp_path, {"kit": kit_upstream()})
+    claim = claim_service(argparse.Namespace(config=str(config), data_dir=None), str(config))
+    assert isinstance(claim, Claim), claim
+    try:
+        assert _holder_pid(claim.files.pid) == os.getpid()
+    finally:
+        os.close(claim.lock_fd)
+        shutil.rmtree(Path(claim.files.directory).parent, ignore_errors=True)
+
+
+@given(st.binary(max_size=80))
+def test_a_garbled_pid_file_reads_as_no_pid(content: bytes) -> None:
+    with tempfile.NamedTemporaryFile() as fh:
+        fh.write(content)
+        fh.flush()
+        found = _holder_pid(fh.name)
+    assert found is None or (isinstance(found, int) and found >= 0 and str(found).encode() in content)

@@ -132,6 +132,7 @@ def claim_service(args: argparse.Namespace, config_source: str) -> Claim | str:
                 return f"the service for this config already runs (pid {owner}, socket {files.socket})"
             time.sleep(0.05)  # the previous one is shutting down: its socket is gone, its lock not yet
     started = time.time()
+    # the pid first: `connect` reads it without json (`downstream.connect._holder_pid`)
     info = {"pid": os.getpid(), "config": config_source, "socket": str(files.socket), "started": started}
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(info).encode(), 0)

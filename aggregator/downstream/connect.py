@@ -43,6 +43,10 @@ class ConnectError(Exception):
     """The service could not be reached or started; the message says why and where its log is."""
 
 
+class ServiceGone(ConnectError):
+    """The service we reached closed the connection before answering: one dying as we connected."""
+
+
 USAGE = """\
 usage: aggregator connect [--config FILE] [--data-dir DIR] [--log-level LEVEL] [--start-timeout SECONDS] [--relay]
 
@@ -113,24 +117,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "relay" in args:
         from aggregator.downstream.connect_relay import Bridge
 
-        return Bridge(opener.open, first).run()
-    return hand_off(first, files)
+        return Bridge(opener.open, first, timeout).run()
+    deadline = time.monotonic() + timeout
+    while (code := hand_off(first, files)) is None:  # a service dying as we reached it: never had our stdio
+        if time.monotonic() > deadline:
+            _say(f"every service reached for {timeout:g}s went away before taking the session")
+            return 1
+        time.sleep(0.01)  # it finishes dying, or the one we start binds its socket
+        try:
+            first = opener.open()
+        except ConnectError as exc:
+            _say(str(exc))
+            return 1
+    return code
 
 
-def hand_off(sock: _socket.socket, files: ServiceFiles) -> int:
+def hand_off(sock: _socket.socket, files: ServiceFiles) -> int | None:
     """Pass our stdin and stdout to the service (SCM_RIGHTS): it talks to the client with no hop between.
 
     We stay, holding the socket, until the service ends the session (the client's EOF; the service
-    stopping or dying): the client sees its server process exit only then.
+    stopping or dying): the client sees its server process exit only then. None when the connection
+    was reset with our hand-off unread (a service dying as we connected; see `ServiceOpener._connect`):
+    its process never had the client's stdio, so another service may take it.
     """
     fds = b"".join(fd.to_bytes(FD_SIZE, sys.byteorder) for fd in (0, 1))
     try:
         sock.sendmsg([HANDOFF], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+    except ConnectionResetError:
+        sock.close()
+        return None
     except OSError as exc:
         _say(f"cannot pass stdio to the service: {exc}")
         return 1
-    while _recv(sock):
-        pass
+    while True:
+        try:
+            if not sock.recv(READ_CHUNK):
+                break
+        except ConnectionResetError:  # Linux resets a peer only while what it sent is unread
+            sock.close()
+            return None
+        except OSError:
+            break
     if not service_running(files.pid):
         _say("the aggregator service went away; this session has ended (the next start of it finds a new one)")
     return 0
@@ -157,7 +184,7 @@ class ServiceOpener:
         self.log_level, self.timeout = log_level, timeout
 
     def open(self) -> _socket.socket:
-        sock = try_connect(self.files.socket)
+        sock = self._connect()
         if sock is not None:
             return sock
         try:
@@ -165,8 +192,24 @@ class ServiceOpener:
         except OSError as exc:
             raise ConnectError(f"cannot use the runtime directory: {exc}") from None
         with _locked(self.files.start_lock, self.timeout):  # one starter at a time; the others find its service
-            sock = try_connect(self.files.socket)
+            sock = self._connect()
             return sock if sock is not None else self._start()
+
+    def _connect(self) -> _socket.socket | None:
+        """A connection to the live service, or None: nothing listens, or what listens is a service going away.
+
+        A SIGKILLed service (the OOM killer, `kill -9`) leaves its socket file, and for a moment
+        its listener too, after its clients saw their connections end: the kernel releases a
+        dead process's files one by one, in no set order (seen under load). A `connect` there
+        succeeds and is reset an instant later. The live service is the one holding the pid
+        lock, and the listener we reached must be its own (SO_PEERCRED). A dying service whose
+        lock is not yet released passes this: the relay retries a reset handshake for that.
+        """
+        sock = try_connect(self.files.socket)
+        if sock is None or (service_running(self.files.pid) and _peer_pid(sock) in (None, _holder_pid(self.files.pid))):
+            return sock
+        sock.close()
+        return None
 
     def _start(self) -> _socket.socket:
         import subprocess  # only on this path: ~10 ms of imports a warm attach does not pay
@@ -190,7 +233,7 @@ class ServiceOpener:
             )
         deadline = time.monotonic() + self.timeout
         while True:
-            sock = try_connect(self.files.socket)
+            sock = self._connect()  # not the listener of a service still dying, before ours replaces its file
             if sock is not None:
                 return sock
             code = process.poll()
@@ -241,6 +284,31 @@ class _locked:
 
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)  # closing releases the lock
+
+
+def _peer_pid(sock: _socket.socket) -> int | None:
+    """The pid of the process listening at the other end of `sock`, or None where the system cannot say."""
+    option = getattr(_socket, "SO_PEERCRED", None)
+    if option is None:  # pragma: no cover - not Linux: the pid lock alone tells
+        return None
+    try:
+        credentials = sock.getsockopt(_socket.SOL_SOCKET, option, 3 * FD_SIZE)  # struct ucred: pid, uid, gid
+    except OSError:
+        return None
+    return int.from_bytes(credentials[:FD_SIZE], sys.byteorder)
+
+
+def _holder_pid(pid_file: str) -> int | None:
+    """The pid the service wrote in its pid file (`claim_service`: `{"pid": N, ...}`), read without `json`,
+    which would cost `connect` ~5 ms of start-up (it imports `re`)."""
+    try:
+        with open(pid_file, "rb") as fh:
+            head = fh.read(64)
+    except OSError:
+        return None
+    _, found, rest = head.partition(b'"pid": ')
+    digits = rest[: len(rest) - len(rest.lstrip(b"0123456789"))]
+    return int(digits) if found and digits else None
 
 
 def _recv(sock: _socket.socket) -> bytes:

@@ -17,10 +17,11 @@ import _socket
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from aggregator.downstream.connect import READ_CHUNK, START_TIMEOUT, ConnectError, _recv, _say
+from aggregator.downstream.connect import READ_CHUNK, START_TIMEOUT, ConnectError, ServiceGone, _recv, _say
 
 DRAIN_TIMEOUT = 60.0  # after the client's EOF, for the service to answer what is left and close
 SERVICE_GONE = -32000
@@ -89,8 +90,10 @@ def _request_id(message: dict[str, Any]) -> Any:
 class Bridge:
     """The two pumps between our stdio and the service, and what survives the service going away."""
 
-    def __init__(self, opener: Callable[[], _socket.socket], first: _socket.socket) -> None:
-        self.opener = opener
+    def __init__(
+        self, opener: Callable[[], _socket.socket], first: _socket.socket, timeout: float = START_TIMEOUT
+    ) -> None:
+        self.opener, self.timeout = opener, timeout
         self.conn_lock = threading.Lock()  # swapping the connection
         self.state_lock = threading.Lock()  # the bookkeeping below: quick operations only
         self.out_lock = threading.Lock()  # whole lines on stdout
@@ -127,7 +130,7 @@ class Bridge:
         with self.conn_lock:
             if self.sock is None:
                 try:
-                    self._attach(self.opener(), replay=True)
+                    self._reattach()
                 except (ConnectError, OSError) as exc:
                     _say(f"the service went away and cannot be started again: {exc}")
                     self._answer_gone(requests, "the aggregator service is gone and could not be started again")
@@ -158,21 +161,44 @@ class Bridge:
 
     # service -> client
 
+    def _reattach(self) -> None:
+        """Attach a new service's connection, the handshake replayed (conn_lock held).
+
+        A service may still be dying as we reach it (SIGKILLed, its listener can outlast the
+        connections it served by a moment; see `ServiceOpener._connect`): a connection reset or
+        closed before the replay's answer is dropped and a service sought again, until the start
+        timeout. Nothing of the client's has been sent on it yet, only our replayed initialize.
+        """
+        deadline = time.monotonic() + self.timeout
+        while True:
+            sock = self.opener()
+            try:
+                self._attach(sock, replay=True)
+                return
+            except TimeoutError:  # a service that does not answer: not one going away
+                sock.close()
+                raise
+            except (ServiceGone, OSError) as exc:
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise ServiceGone(f"every service reached for {self.timeout:g}s went away: {exc}") from exc
+                time.sleep(0.01)  # a dying service finishes; or the one we started binds its socket
+
     def _attach(self, sock: _socket.socket, *, replay: bool) -> None:
         """Make `sock` the connection (conn_lock held, or during construction) and start its reader."""
+        early = self._replay(sock, self.generation + 1) if replay else b""
         self.generation += 1
         self.sock = sock
-        early = self._replay(sock) if replay else b""
         threading.Thread(target=self._pump, args=(sock, self.generation, early), daemon=True).start()
 
-    def _replay(self, sock: _socket.socket) -> bytes:
+    def _replay(self, sock: _socket.socket, generation: int) -> bytes:
         """Open the new session as the client opened the old one: initialize, its answer awaited and dropped
         (the server takes nothing else before it), then initialized. Returns bytes read past that answer."""
         with self.state_lock:
             initialize, initialized, answered = self.initialize, self.initialized, self.init_answered
         if initialize is None or not answered:
             return b""  # a modern client (no handshake), or one still waiting: its own initialize goes (again)
-        replay_id = f"{REPLAY_ID}-{self.generation}"
+        replay_id = f"{REPLAY_ID}-{generation}"
         sock.sendall(json.dumps({**_messages(initialize)[0], "id": replay_id}).encode() + b"\n")
         buffer = b""
         sock.settimeout(START_TIMEOUT)
@@ -180,7 +206,7 @@ class Bridge:
             while True:
                 chunk = sock.recv(READ_CHUNK)
                 if not chunk:
-                    raise ConnectError("the new service closed the connection during the handshake")
+                    raise ServiceGone("the new service closed the connection during the handshake")
                 buffer += chunk
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
