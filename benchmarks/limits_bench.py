@@ -174,8 +174,10 @@ async def bench_calls(directory: Path, calls: int, block: int = 50, before: Path
             agg = await stack.enter_async_context(session_for(params))
             await timed_calls(agg, tool, args, 200)
             sessions[label] = (agg, tool, args, process_of(config))
+        load_before = os.getloadavg()[0]
         samples, cpu = await interleaved(direct, sessions, calls, block)
         direct_ms = samples[DIRECT]
+        print(f"  load average (1 min) {load_before:.2f} before the calls, {os.getloadavg()[0]:.2f} after")
         print(f"  {'direct (no aggregator)':32} {pct(direct_ms, 50):7.3f}")
         for label, agg_ms in samples.items():
             if label != DIRECT:

@@ -105,6 +105,7 @@ def test_aplain_request_is_read_as_the_message_union_reads_it(
     assert envelope.get("jsonrpc") == "2.0" and "method" in envelope
     union = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
     assert type(union) is type(fast) and union == fast
+    assert fast.model_fields_set == union.model_fields_set and fast.model_extra == union.model_extra
     assert union.model_dump(by_alias=True, exclude_unset=True) == fast.model_dump(by_alias=True, exclude_unset=True)
     parsed = parse_client_line(line)
     assert isinstance(parsed, SessionMessage) and parsed.message == union
@@ -119,6 +120,9 @@ def test_what_the_union_must_judge_is_not_read_as_aplain_request() -> None:
         b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": NaN}}',
         b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": "\\ud800"}}',
         b'[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]',
+        b'{"jsonrpc": "1.0", "id": 1, "method": "ping"}',
+        b'{"jsonrpc": 2.0, "id": 1, "method": "ping"}',
+        b'{"id": 1, "method": "ping"}',
     ):
         assert plain_request(line) is None, line
     request = plain_request(b'{"jsonrpc": "2.0", "id": "a", "method": "tools/call", "params": {"name": "x"}}')

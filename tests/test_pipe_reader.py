@@ -141,8 +141,8 @@ async def test_a_read_error_ends_the_stream() -> None:
 
 
 async def test_the_upstream_stdout_of_the_guard_is_read_by_a_pipe_reader() -> None:
-    """The upstream transport's fast reader relies on the guard's pipe keeping its descriptor in `_fd`:
-    were that renamed, the transport would silently fall back to anyio's per-read registration."""
+    """The upstream transport's fast reader relies on the guard's pipe ends giving their descriptor (`fileno()`):
+    were that lost, the transport would silently fall back to anyio's per-read registration."""
     process = await open_guarded_process(
         [sys.executable, "-c", "print('hi')"], env=dict(os.environ), cwd=None, stderr=2
     )
@@ -156,6 +156,23 @@ async def test_the_upstream_stdout_of_the_guard_is_read_by_a_pipe_reader() -> No
             chunks.close()
     finally:
         await process.aclose()
+
+
+async def test_guard_pipe_ends_give_their_descriptor_only_while_open() -> None:
+    """`fileno()` of the guard's pipe ends: the open descriptor, then None once closed (the raw
+    path's writer and reader fall back to the stream then, never to a stale or reused number)."""
+    process = await open_guarded_process([sys.executable, "-c", "pass"], env=dict(os.environ), cwd=None, stderr=2)
+    stdin, stdout = process.stdin, process.stdout
+    assert stdin is not None and stdout is not None
+    try:
+        for end in (stdin, stdout):
+            fd = transports._guard_fd(end)
+            assert isinstance(fd, int) and fd == end.fileno()  # type: ignore[attr-defined]
+            os.fstat(fd)  # a live descriptor
+    finally:
+        await process.aclose()
+    assert transports._guard_fd(stdin) is None and transports._guard_fd(stdout) is None
+    assert transports._guard_fd(object()) is None  # not a guard pipe end: no descriptor
 
 
 async def test_eager_takes_a_chunk_only_while_the_consumer_waits_and_a_failure_loses_nothing() -> None:

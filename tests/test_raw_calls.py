@@ -1,8 +1,8 @@
 """RawCalls (upstream/raw_calls.py) on a real pipe: each waiter gets its own answer, whatever the upstream does.
 
 The test plays a hostile upstream: it reads the request lines off the pipe and feeds the reader's
-`claim` answers out of order, twice, for ids nobody asked, garbage, progress; deadlines are one
-timer per request (restarted by progress), and every way a request ends leaves nothing behind.
+`claim` answers out of order, twice, for ids nobody asked, garbage, progress; deadlines are a time
+per request under one timer per upstream (restarted by progress), and every way a request ends leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -302,3 +302,59 @@ async def test_the_deadline_holds_when_the_upstream_never_reads_its_stdin() -> N
     finally:
         os.close(read)
         await stream.aclose()
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    plans=st.lists(
+        st.tuples(st.sampled_from([0.05, 0.1, 0.2, 0.3]), st.sampled_from(["answer", "silent", "progress"])),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_one_timer_keeps_every_requests_own_deadline(plans: list[tuple[float, str]]) -> None:
+    """Requests of mixed budgets at once under the upstream's one deadline timer: a silent one fails
+    at its own budget (not at an earlier request's, not a later one's), one kept alive by progress
+    outlives its budget, an answered one is never failed, and nothing is left armed or pending."""
+
+    async def main() -> None:
+        outcome: dict[int, tuple[str, float]] = {}
+        async with upstream() as (calls, peer, tg):
+            started = anyio.current_time()
+
+            async def one(i: int, budget: float) -> None:
+                try:
+                    await calls.request("tools/call", {"name": "t", "arguments": {"i": i}}, budget=budget)
+                    outcome[i] = ("answered", anyio.current_time() - started)
+                except DeadlinePassed:
+                    outcome[i] = ("timeout", anyio.current_time() - started)
+
+            for i, (budget, kind) in enumerate(plans):  # only the silent ones' budgets are short
+                tg.start_soon(one, i, {"silent": budget, "answer": 2.0, "progress": 0.2}[kind])
+            requests = {r["params"]["arguments"]["i"]: r["id"] for r in await peer.lines(len(plans))}
+            for i, (_, kind) in enumerate(plans):
+                if kind == "answer":
+                    assert await peer.answer(requests[i])
+            for _ in range(10):  # 0.5 s of progress every 0.05 s: longer than its budget of 0.2
+                await anyio.sleep(0.05)
+                for i, (_, kind) in enumerate(plans):
+                    if kind == "progress":
+                        await peer.progress(requests[i], 1)
+            for i, (_, kind) in enumerate(plans):
+                if kind == "progress":
+                    await peer.answer(requests[i])
+            with anyio.fail_after(5):
+                while len(outcome) < len(plans):
+                    await anyio.sleep(0.01)
+            assert not calls._pending
+        for i, (budget, kind) in enumerate(plans):
+            ended, after = outcome[i]
+            if kind == "silent":
+                assert ended == "timeout" and budget - 0.01 <= after < budget + 1.0, (plans, outcome)
+            else:
+                assert ended == "answered", (plans, outcome)
+                assert kind == "answer" or after >= 0.45, (plans, outcome)  # progress kept it past 0.2
+        calls.close()
+        assert calls._timer is None  # closing disarms the timer: nothing left on the loop
+
+    anyio.run(main, backend="asyncio")

@@ -96,10 +96,14 @@ def plain_request(line: bytes) -> types.JSONRPCRequest | None:
         or not (params is None or isinstance(params, dict))
     ):
         return None
-    try:
-        return types.JSONRPCRequest.model_validate(data, by_name=False)
-    except ValueError:
+    if data.get("jsonrpc") != "2.0":
         return None
+    # Every field is checked above as the model checks it (extra keys it ignores): built without
+    # validating it again, with the same fields set (an absent `params` stays unset).
+    fields: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": data["method"]}
+    if "params" in data:
+        fields["params"] = params
+    return types.JSONRPCRequest.model_construct(**fields)
 
 
 def _misread(message: types.JSONRPCMessage, line: bytes) -> str | None:

@@ -167,6 +167,10 @@ class _PipeEnd:
         os.set_blocking(fd, False)
         self._fd: int | None = fd
 
+    def fileno(self) -> int | None:
+        """The pipe's descriptor while this end is open, else None (read by `PipeReader` and `LineWriter`)."""
+        return self._fd
+
     async def aclose(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:

@@ -5,7 +5,7 @@ dispatcher round per message, anyio bookkeeping). A request sent here is one JSO
 an id of ours, ``"agg-N"`` (a string: the SDK's own ids are integers, so the two never
 collide). The upstream's reader offers every line to `claim` before the SDK session sees it:
 an answer to one of our ids resolves its waiter's future, a progress notification with our
-token restarts its deadline (one timer handle per request, no cancel scope) and reaches the
+token restarts its deadline (a time per request, one timer per upstream, no cancel scope) and reaches the
 caller's progress function. The rest goes to the
 SDK session as before: the handshake, listings, the upstream's own requests and notifications.
 
@@ -43,6 +43,7 @@ log = get_logger(__name__)
 ID_PREFIX = "agg-"
 _MARK = b'"agg-'  # every line that concerns a raw request names one of our ids
 CANCEL_WRITE_SECONDS = 2.0  # as the SDK's courtesy cancel: never wait long on a stuck pipe
+DEADLINE_SLACK = 0.001  # a deadline this close counts as passed (a timer may fire that early)
 
 
 class DeadlinePassed(Exception):
@@ -50,12 +51,13 @@ class DeadlinePassed(Exception):
 
 
 class _Pending:
-    """One raw request in flight: a future its waiter awaits, and its deadline as one timer handle.
+    """One raw request in flight: a future its waiter awaits, and its deadline as a time on the loop's clock.
 
-    No cancel scope, no event: settling resolves the future; progress moves the timer.
+    No cancel scope, no event, no timer of its own: settling resolves the future; progress moves the
+    deadline; the upstream's one deadline timer (`RawCalls._expire_due`) settles it once it passes.
     """
 
-    __slots__ = ("_budget", "_loop", "_timer", "future", "outcome", "progress")
+    __slots__ = ("_budget", "_loop", "deadline", "future", "outcome", "progress")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, progress: ProgressFn | None, budget: float | None) -> None:
         self._loop = loop
@@ -63,28 +65,18 @@ class _Pending:
         self.future: asyncio.Future[None] = loop.create_future()
         self.outcome: dict[str, Any] | MCPError | DeadlinePassed | None = None
         self._budget = budget
-        self._timer = loop.call_later(budget, self._expire) if budget is not None else None
+        self.deadline = loop.time() + budget if budget is not None else None
 
     def settle(self, outcome: dict[str, Any] | MCPError | DeadlinePassed) -> None:
         if not self.future.done():
             self.outcome = outcome
             self.future.set_result(None)
-        self.stop_timer()
+        self.deadline = None
 
     def restart(self) -> None:
-        """Progress: the budget starts again from now."""
-        if self._timer is not None and self._budget is not None and not self.future.done():
-            self._timer.cancel()
-            self._timer = self._loop.call_later(self._budget, self._expire)
-
-    def stop_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _expire(self) -> None:
-        self._timer = None
-        self.settle(DeadlinePassed())
+        """Progress: the budget starts again from now (later than before: the armed timer finds it not due)."""
+        if self.deadline is not None and self._budget is not None:
+            self.deadline = self._loop.time() + self._budget
 
 
 _Settled = tuple[_Pending, "dict[str, Any] | MCPError"]
@@ -168,6 +160,8 @@ class RawCalls:
         self._caught_up = 0  # ... of which the session has surely dispatched this many
         self._pending: dict[str, _Pending] = {}
         self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None  # one for every request: at the earliest deadline
+        self._timer_at = 0.0
         self._next = 0
         self.closed = False
         self.sent = 0  # requests written so far (tests and `doctor`-style checks read it)
@@ -190,6 +184,8 @@ class RawCalls:
         request_id = f"{ID_PREFIX}{self._next}"
         line = _request_line(request_id, method, params, progress is not None or budget is not None)
         pending = self._pending[request_id] = _Pending(self._loop, progress, budget)
+        if pending.deadline is not None and (self._timer is None or pending.deadline < self._timer_at):
+            self._arm(pending.deadline)
         written = False
         try:
             try:
@@ -206,7 +202,6 @@ class RawCalls:
                 await self._cancel(request_id)
             raise
         finally:
-            pending.stop_timer()
             del self._pending[request_id]
         if isinstance(pending.outcome, DeadlinePassed):
             if not self.closed:
@@ -215,6 +210,32 @@ class RawCalls:
         if isinstance(pending.outcome, MCPError):
             raise pending.outcome
         return pending.outcome
+
+    def _arm(self, when: float) -> None:
+        """The deadline timer, (re)set to fire at `when` (the earliest deadline it must see)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = self._loop.call_at(when, self._expire_due), when
+
+    def _expire_due(self) -> None:
+        """Every request past its deadline fails with `DeadlinePassed`; the timer is set for the next one.
+
+        A request whose deadline progress moved on is not due yet. A timer that fires a hair early
+        (loop clocks of millisecond grain) counts a deadline within `DEADLINE_SLACK` as passed.
+        """
+        self._timer = None
+        due = self._loop.time() + DEADLINE_SLACK
+        later: float | None = None
+        for pending in list(self._pending.values()):
+            deadline = pending.deadline
+            if deadline is None:
+                continue
+            if deadline <= due:
+                pending.settle(DeadlinePassed())
+            elif later is None or deadline < later:
+                later = deadline
+        if later is not None and not self.closed:
+            self._arm(later)
 
     async def _cancel(self, request_id: str) -> None:
         """The courtesy `notifications/cancelled` the SDK sends for a request its caller abandoned."""
@@ -335,6 +356,9 @@ class RawCalls:
     def close(self) -> None:
         """The connection ended: every waiter fails as the SDK fails its requests."""
         self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         for pending in self._pending.values():
             pending.settle(MCPError(CONNECTION_CLOSED, "Connection closed"))
 

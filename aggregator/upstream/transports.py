@@ -254,9 +254,8 @@ def _chunks_of(
 
 
 def _guard_fd(stream: object) -> int | None:
-    """The descriptor of one of the guard's pipe ends while it is open (it keeps it in `_fd`), else None."""
-    fd = getattr(stream, "_fd", None) if isinstance(stream, PipeReceive | PipeSend) else None
-    return fd if isinstance(fd, int) else None
+    """The descriptor of one of the guard's pipe ends while it is open, else None (any other stream)."""
+    return stream.fileno() if isinstance(stream, PipeReceive | PipeSend) else None
 
 
 def _answer_now(splitter: LineSplitter, raw: RawCalls, limit: int) -> Callable[[bytes], bool]:
