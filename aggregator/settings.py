@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from aggregator.config import ConfigError
 
-__all__ = ["LOG_LEVELS", "Settings", "load_settings", "resolve_data_dir"]
+__all__ = ["LOG_LEVELS", "Settings", "data_dir_of", "load_settings", "resolve_data_dir"]
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -96,3 +96,8 @@ def resolve_data_dir(explicit: Path | None, settings: Settings) -> Path:
     """
     chosen = explicit or settings.data_dir or Path(platformdirs.user_data_dir("aggregator"))
     return chosen.expanduser().absolute()
+
+
+def data_dir_of(args: object, settings: Settings) -> Path:
+    """`resolve_data_dir` for a parsed command line, whose command may have no ``--data-dir``."""
+    return resolve_data_dir(getattr(args, "data_dir", None), settings)

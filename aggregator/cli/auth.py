@@ -20,7 +20,7 @@ from typing import Any
 from aggregator.cli.exit_codes import EXIT_FAILED, EXIT_USAGE
 from aggregator.config import AggregatorConfig, UpstreamConfig
 from aggregator.log import redact_text
-from aggregator.settings import Settings, resolve_data_dir
+from aggregator.settings import Settings, data_dir_of
 from aggregator.suggest import did_you_mean
 from aggregator.table import render_table
 from aggregator.upstream.oauth_providers import Authenticator, uses_oauth
@@ -65,7 +65,7 @@ STORE_FIX = "unset AGGREGATOR_TOKEN_STORE (or set it to file), or install a keyr
 
 
 def _store(args: argparse.Namespace, settings: Settings) -> TokenStore:
-    return TokenStore.in_data_dir(resolve_data_dir(getattr(args, "data_dir", None), settings))
+    return TokenStore.in_data_dir(data_dir_of(args, settings))
 
 
 def _remote(config: AggregatorConfig, name: str) -> UpstreamConfig | str:
@@ -93,7 +93,7 @@ async def _login(args: argparse.Namespace, config: AggregatorConfig, settings: S
     if isinstance(upstream, str):
         print(f"aggregator: {upstream}", file=sys.stderr)
         return EXIT_USAGE
-    data_dir = resolve_data_dir(getattr(args, "data_dir", None), settings)
+    data_dir = data_dir_of(args, settings)
     store = TokenStore.in_data_dir(data_dir)
     try:
         store.update(upstream.name, upstream.url, tokens=None, expires_at=None)  # a fresh sign-in, not the old token

@@ -23,7 +23,7 @@ from aggregator.cli.exit_codes import EXIT_FAILED, EXIT_USAGE
 from aggregator.cli.progress import upstream_progress
 from aggregator.config import AggregatorConfig
 from aggregator.faults import PROGRAMMER_REASONS, Fault
-from aggregator.settings import Settings, resolve_data_dir
+from aggregator.settings import Settings, data_dir_of
 from aggregator.suggest import did_you_mean
 from aggregator.table import render_table
 from aggregator.tools.base import ToolContext, ToolResult, fault_result
@@ -86,7 +86,7 @@ def _family(pool: UpstreamPool, config: AggregatorConfig) -> CatalogTools:
 
 
 async def _tools(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    data_dir = resolve_data_dir(getattr(args, "data_dir", None), settings)
+    data_dir = data_dir_of(args, settings)
     async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         family = _family(pool, config)
         if args.server is None:
@@ -130,7 +130,7 @@ def _tools_table(payload: Mapping[str, Any]) -> str:
 
 
 async def _describe(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    data_dir = resolve_data_dir(getattr(args, "data_dir", None), settings)
+    data_dir = data_dir_of(args, settings)
     async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         family = _family(pool, config)
         result = await _ask(family.describe_tool, {"server": args.server, "tool": args.tool})
@@ -155,7 +155,7 @@ def _description_text(payload: Mapping[str, Any]) -> str:
 
 
 async def _call(args: argparse.Namespace, config: AggregatorConfig, settings: Settings) -> int:
-    data_dir = resolve_data_dir(getattr(args, "data_dir", None), settings)
+    data_dir = data_dir_of(args, settings)
     async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         family = _family(pool, config)
         hints = _Hints(pool, args.server, args.tool)

@@ -29,7 +29,7 @@ from aggregator.config.expand import required_variables
 from aggregator.config.importing import everything_set, is_aggregator_entry
 from aggregator.config.launcher import missing_command
 from aggregator.config.load import load_config, written_servers
-from aggregator.settings import Settings, resolve_data_dir
+from aggregator.settings import Settings, data_dir_of
 from aggregator.table import count
 from aggregator.upstream.oauth_signin import login_command
 from aggregator.upstream.start_errors import install_hint
@@ -70,7 +70,7 @@ async def _doctor(args: argparse.Namespace, settings: Settings) -> int:
     findings: list[Finding] = []
     places = Places.here()
     config = check_config(getattr(args, "config", None), os.environ, Path.cwd(), findings, set_by_clients(places))
-    data_dir = resolve_data_dir(getattr(args, "data_dir", None), settings)
+    data_dir = data_dir_of(args, settings)
     if config is not None:
         await check_upstreams(config, findings, probe=not args.no_probe, data_dir=data_dir)
     findings.append(check_data_dir(data_dir))

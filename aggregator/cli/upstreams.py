@@ -13,13 +13,12 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from pathlib import Path
 from typing import Any
 
 from aggregator.cli.exit_codes import EXIT_USAGE
 from aggregator.cli.progress import progress_line
 from aggregator.config import AggregatorConfig
-from aggregator.settings import Settings, resolve_data_dir
+from aggregator.settings import Settings, data_dir_of
 from aggregator.table import count, render_table
 
 # ---------------------------------------------------------------- list-upstreams
@@ -29,7 +28,7 @@ async def list_upstreams(args: argparse.Namespace, config: AggregatorConfig, set
     from aggregator.upstream.oauth_providers import cli_authenticator
     from aggregator.upstream.pool import UpstreamPool
 
-    data_dir = _data_dir(args, settings)
+    data_dir = data_dir_of(args, settings)
     async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         started = time.monotonic()
         if args.probe:
@@ -127,7 +126,7 @@ async def search(args: argparse.Namespace, config: AggregatorConfig, settings: S
     from aggregator.upstream.oauth_providers import cli_authenticator
     from aggregator.upstream.pool import UpstreamPool
 
-    data_dir = _data_dir(args, settings)  # --load signs in as call does: with AGGREGATOR_BROWSER set
+    data_dir = data_dir_of(args, settings)  # --load signs in as call does: with AGGREGATOR_BROWSER set
     async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         index = ToolSearchIndex()
         for name in pool.upstream_names():
@@ -165,7 +164,7 @@ async def refresh(args: argparse.Namespace, config: AggregatorConfig, settings: 
     if isinstance(names, str):
         print(f"aggregator: {names}", file=sys.stderr)
         return EXIT_USAGE
-    data_dir = _data_dir(args, settings)
+    data_dir = data_dir_of(args, settings)
     async with UpstreamPool.running(config, data_dir, authenticator=cli_authenticator(data_dir, settings)) as pool:
         started = time.monotonic()
         with progress_line("refreshing upstreams", len(names)) as advance:
@@ -214,5 +213,3 @@ def _refresh_row(pool: Any, name: str, fault: Any) -> dict[str, Any]:
     }
 
 
-def _data_dir(args: argparse.Namespace, settings: Settings) -> Path:
-    return resolve_data_dir(getattr(args, "data_dir", None), settings)
