@@ -211,5 +211,3 @@ def _refresh_row(pool: Any, name: str, fault: Any) -> dict[str, Any]:
         "snapshot": snapshot,
         "written": fault is None and path is not None,
     }
-
-
