@@ -23,6 +23,7 @@ import asyncio
 import os
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 from aggregator.log import get_logger
 
@@ -51,6 +52,22 @@ def whole_line(chunk: bytes, limit: int) -> bytes | None:
     if not chunk or len(chunk) > limit or chunk.find(b"\n") != len(chunk) - 1:
         return None
     return chunk[:-1]
+
+
+class _Splitter(Protocol):
+    @property
+    def between_lines(self) -> bool: ...
+
+
+def eager_line(splitter: _Splitter, limit: int, take: Callable[[bytes], bool]) -> Callable[[bytes], bool]:
+    """A `PipeReader` eager hook: a chunk that is exactly one whole line of at most `limit` bytes, read
+    while `splitter` holds no part of a line, goes to `take` (which says whether it took it)."""
+
+    def eager(chunk: bytes) -> bool:
+        line = whole_line(chunk, limit) if splitter.between_lines else None
+        return line is not None and take(line)
+
+    return eager
 
 
 class PipeReader:

@@ -54,7 +54,7 @@ from aggregator.downstream.client_messages import (
     refuse_oversized,
 )
 from aggregator.log import get_logger
-from aggregator.pipe_reader import READ_CHUNK, PipeReader, whole_line, write_some
+from aggregator.pipe_reader import READ_CHUNK, PipeReader, eager_line, write_some
 from aggregator.wire import MAX_MESSAGE_BYTES, encode
 
 log = get_logger(__name__)
@@ -328,16 +328,6 @@ def _chunks_of(wire: Wire, eager: Callable[[bytes], bool] | None = None) -> Pipe
     return PipeReader(wire.fd_in, eager=eager) if wire.poll_in else _ThreadReads(wire.fd_in)
 
 
-def _request_now(splitter: SkippingLineSplitter, inbound: _Inbound) -> Callable[[bytes], bool]:
-    """A chunk that is exactly one whole request for the raw lane, started in the read callback."""
-
-    def take(chunk: bytes) -> bool:
-        line = whole_line(chunk, MAX_MESSAGE_BYTES) if splitter.between_lines else None
-        return line is not None and inbound.start_now(line)
-
-    return take
-
-
 async def _read_messages(
     wire: Wire,
     sink: MemoryObjectSendStream[SessionMessage | Exception],
@@ -353,7 +343,9 @@ async def _read_messages(
     with scope:
         async with sink, replies, anyio.create_task_group() as tg:
             inbound = _Inbound(sink, replies, in_flight, lane, tg)
-            chunks = _chunks_of(wire, _request_now(splitter, inbound) if lane is not None else None)
+            chunks = _chunks_of(
+                wire, eager_line(splitter, MAX_MESSAGE_BYTES, inbound.start_now) if lane is not None else None
+            )
             tg.start_soon(inbound.forward)
             try:
                 while not in_flight.closed:

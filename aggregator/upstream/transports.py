@@ -32,7 +32,7 @@ from mcp.shared.message import SessionMessage
 
 from aggregator.config import UpstreamConfig
 from aggregator.log import get_logger, redact_text
-from aggregator.pipe_reader import PipeReader, whole_line
+from aggregator.pipe_reader import PipeReader, eager_line
 from aggregator.upstream.guard_client import PipeReceive, PipeSend, open_guarded_process
 from aggregator.upstream.raw_calls import LineWriter, RawCalls
 from aggregator.upstream.server_messages import parse_upstream_line
@@ -209,7 +209,7 @@ async def _read_stdout(
     assert process.stdout is not None
     splitter = LineSplitter(handle.limit)
     raw = handle.raw
-    chunks = _chunks_of(process.stdout, _answer_now(splitter, raw, handle.limit) if raw is not None else None)
+    chunks = _chunks_of(process.stdout, eager_line(splitter, handle.limit, raw.settle_now) if raw is not None else None)
     try:
         while chunk := await chunks.receive():
             for line in splitter.feed(chunk):
@@ -256,16 +256,6 @@ def _chunks_of(
 def _guard_fd(stream: object) -> int | None:
     """The descriptor of one of the guard's pipe ends while it is open, else None (any other stream)."""
     return stream.fileno() if isinstance(stream, PipeReceive | PipeSend) else None
-
-
-def _answer_now(splitter: LineSplitter, raw: RawCalls, limit: int) -> Callable[[bytes], bool]:
-    """A chunk that is exactly one whole line answering a raw request, settled in the read callback."""
-
-    def take(chunk: bytes) -> bool:
-        line = whole_line(chunk, limit) if splitter.between_lines else None
-        return line is not None and raw.settle_now(line)
-
-    return take
 
 
 def _closed(handle: TransportHandle) -> None:
