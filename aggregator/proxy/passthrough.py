@@ -208,7 +208,7 @@ class Passthrough:
     async def subscribe(self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> dict[str, Any]:
         uri = str(params.uri)
         result = await self.forward(
-            await self._resource_owner(uri), "resources/subscribe", {**passthrough_meta(ctx), "uri": uri}, ctx
+            await self._resource_owner(uri), "resources/subscribe", {**forwarded_meta(ctx.params), "uri": uri}, ctx
         )
         connection = getattr(ctx.session, "_connection", None)
         if connection is not None:
@@ -227,7 +227,7 @@ class Passthrough:
             return {}
         self._subscribers.pop(uri, None)
         return await self.forward(
-            await self._resource_owner(uri), "resources/unsubscribe", {**passthrough_meta(ctx), "uri": uri}, ctx
+            await self._resource_owner(uri), "resources/unsubscribe", {**forwarded_meta(ctx.params), "uri": uri}, ctx
         )
 
     def _own_session(self, uri: str, ctx: ServerRequestContext[Any]) -> bool:
@@ -280,7 +280,7 @@ class Passthrough:
     ) -> dict[str, Any]:
         """A task-augmented `tools/call`: the upstream creates the task; we remember whose it is."""
         raw = ctx.params or {}
-        extra = {**passthrough_meta(ctx), "task": raw.get("task")}
+        extra = {**forwarded_meta(ctx.params), "task": raw.get("task")}
         forwarded = {**extra, "name": tool, "arguments": dict(arguments)}
         result = await self.forward(server, "tools/call", forwarded, ctx)
         self.tasks.remember(server, result, client_connection(ctx.session))
@@ -299,7 +299,7 @@ class Passthrough:
         if server is None:
             raise MCPError(types.INVALID_PARAMS, f"unknown task {task_id!r}")
         raw.pop("_meta", None)
-        return await self.forward(server, ctx.method, {**passthrough_meta(ctx), **raw}, ctx)
+        return await self.forward(server, ctx.method, {**forwarded_meta(ctx.params), **raw}, ctx)
 
     async def _list_tasks(self, ctx: ServerRequestContext[Any]) -> dict[str, Any]:
         """The caller's own tasks, as the upstreams that run them list them."""
@@ -360,21 +360,16 @@ def for_era(result: Any, protocol_version: str) -> Any:
 
 def caller_of(ctx: ServerRequestContext[Any]) -> ToolContext:
     """The SDK's request context as a forwarded request needs it: progress to the client, `_meta`, origin."""
-    return ToolContext(report_progress=ctx.session.report_progress, extra=passthrough_meta(ctx), origin=ctx)
+    return ToolContext(report_progress=ctx.session.report_progress, extra=forwarded_meta(ctx.params), origin=ctx)
 
 
-def passthrough_meta(ctx: ServerRequestContext[Any]) -> dict[str, Any]:
-    """The client's request `_meta`, as `{"_meta": {...}}` to spread into forwarded params (or `{}`).
+def forwarded_meta(params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The `_meta` of a client's request params, as `{"_meta": {...}}` to spread into forwarded params (or `{}`).
 
     Custom keys pass untouched; the progress token is ours to set, and the
     2026-07-28 envelope keys (protocol version, client capabilities, …) describe
     the client's connection to us, not ours to the upstream.
     """
-    return forwarded_meta(ctx.params)
-
-
-def forwarded_meta(params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """`passthrough_meta` of a request's raw params."""
     raw = (params or {}).get("_meta")
     if not isinstance(raw, Mapping):
         return {}

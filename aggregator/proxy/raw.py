@@ -41,7 +41,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
 from aggregator.log import get_logger
-from aggregator.proxy.passthrough import for_era, forwarded_meta
+from aggregator.proxy.passthrough import forwarded_meta
 from aggregator.proxy.raw_checks import plain_text_result, tools_call_params_ok
 from aggregator.proxy.relay import RawOrigin
 from aggregator.tools.base import ToolContext, invalid_result
@@ -322,8 +322,8 @@ async def _no_progress(progress: float, total: float | None, message: str | None
 def _result_line(request_id: Any, method: str, result: Any, version: str, hint: CacheHint | None) -> bytes:
     """The answer as the full path writes it: for `tools/call` `_call_result`'s check; then the SDK
     runner's cache hint, dump and sieve for the client's version (one validation does the check and
-    the sieve; a plain text result needs neither, `raw_checks.py`), in a response with the client's id."""
-    result = for_era(result, version)
+    the sieve; a plain text result needs neither, `raw_checks.py`), in a response with the client's id.
+    No era stamp (`passthrough.for_era`): a 2026-07-28 client never takes this lane (rule `era`)."""
     if hint is not None and isinstance(result, Mapping) and not is_input_required(result):
         result = {"ttlMs": hint.ttl_ms, "cacheScope": hint.scope, **result}
     try:

@@ -147,7 +147,7 @@ def _sync_metadata(source: CatalogSource, index: ToolSearchIndex) -> None:
 
 async def _offered(sign_in_link: SignInLink, origin: Any, needed: SignInNeeded) -> dict[str, str]:
     """The `failed` entry of an upstream that needs a sign-in: with the link, for a client that opens links."""
-    entry = {"server": needed.upstream, "reason": needed.reason, "message": needed.message}
+    entry = _entry(needed.upstream, needed)
     link = await sign_in_link(needed, origin)
     if link is None:
         return entry

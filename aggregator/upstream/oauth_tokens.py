@@ -381,12 +381,16 @@ class StoredTokens:
         if stamp == self._seen:
             return False
         self._seen = stamp
+        return self._tokens_gone()
+
+    def _tokens_gone(self) -> bool:
+        """This provider held tokens, and the store's entry no longer has any."""
         return self._held and not self._store.entry(self._name, self._url).get("tokens")
 
     async def set_tokens(self, tokens: OAuthToken) -> None:
         """Keep `tokens`; unless this provider held tokens whose entry is gone since (a refresh after
         `auth logout`): writing them would undo the logout, so the upstream needs a sign-in instead."""
-        if self._held and not self._store.entry(self._name, self._url).get("tokens"):
+        if self._tokens_gone():
             from aggregator.upstream.oauth_signin import SignInRequired  # it imports this module
 
             self._held = False
