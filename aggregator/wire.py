@@ -19,6 +19,11 @@ def json_line(message: Any) -> bytes:
     return pydantic_core.to_json(message) + b"\n"
 
 
+def error_line(request_id: Any, code: int, message: str) -> bytes:
+    """One JSON-RPC error response as a wire line."""
+    return json_line({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+
+
 def parse_line(line: bytes, peer: str) -> SessionMessage | Exception:
     """One line as a message; a line that is not JSON-RPC is passed on as the exception it raised."""
     try:

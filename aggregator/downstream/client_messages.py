@@ -26,7 +26,7 @@ import pydantic_core
 from mcp.shared.message import SessionMessage
 
 from aggregator.log import get_logger
-from aggregator.wire import MAX_MESSAGE_BYTES
+from aggregator.wire import MAX_MESSAGE_BYTES, error_line
 
 log = get_logger(__name__)
 
@@ -50,12 +50,6 @@ class Oversized:
 
     head: bytes
     size: int
-
-
-def error_line(request_id: Any, code: int, message: str) -> bytes:
-    """One JSON-RPC error response as a wire line."""
-    body = {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 
 def parse_client_line(line: bytes) -> SessionMessage | Refusal:

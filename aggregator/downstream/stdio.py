@@ -48,14 +48,13 @@ from aggregator.downstream.client_messages import (
     Oversized,
     Refusal,
     SkippingLineSplitter,
-    error_line,
     parse_client_line,
     plain_request,
     refuse_oversized,
 )
 from aggregator.log import get_logger
 from aggregator.pipe_reader import READ_CHUNK, PipeReader, eager_line, write_some
-from aggregator.wire import MAX_MESSAGE_BYTES, encode
+from aggregator.wire import MAX_MESSAGE_BYTES, encode, error_line
 
 log = get_logger(__name__)
 

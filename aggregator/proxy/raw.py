@@ -46,7 +46,7 @@ from aggregator.proxy.raw_checks import plain_text_result, tools_call_params_ok
 from aggregator.proxy.relay import RawOrigin
 from aggregator.tools.base import ToolContext, invalid_result
 from aggregator.tools.catalog import CATALOG_CALL
-from aggregator.wire import encode, json_line
+from aggregator.wire import encode, error_line, json_line
 
 if TYPE_CHECKING:
     from aggregator.proxy.server import AggregatorServer
@@ -267,7 +267,7 @@ class RawLane:
             self._done(request_id)
 
     async def _answer_at_shutdown(self, request_id: Any) -> None:
-        line = _error_line(request_id, CONNECTION_CLOSED, "Connection closed")
+        line = error_line(request_id, CONNECTION_CLOSED, "Connection closed")
         with (
             anyio.CancelScope(shield=True),
             anyio.move_on_after(SHUTDOWN_WRITE_SECONDS),
@@ -338,7 +338,7 @@ def _result_line(request_id: Any, method: str, result: Any, version: str, hint: 
         return json_line({"jsonrpc": "2.0", "id": request_id, "result": dumped})
     except (ValueError, TypeError) as exc:
         log.warning("a message could not be serialised", kind="JSONRPCResponse", error=str(exc)[:200])
-        return _error_line(request_id, types.INTERNAL_ERROR, "the answer could not be serialised as JSON")
+        return error_line(request_id, types.INTERNAL_ERROR, "the answer could not be serialised as JSON")
 
 
 def _error_answer(request_id: Any, method: str, exc: Exception) -> bytes:
@@ -361,7 +361,3 @@ def _dumped(result: Any) -> dict[str, Any]:
     if isinstance(result, BaseModel):
         return result.model_dump(by_alias=True, mode="json", exclude_none=True)
     return dict(result)
-
-
-def _error_line(request_id: Any, code: int, message: str) -> bytes:
-    return json_line({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
