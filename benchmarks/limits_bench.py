@@ -144,12 +144,10 @@ async def bench_calls(directory: Path, calls: int, block: int = 50, before: Path
     """
     catalog_call = ("catalog_call_tool", {"server": "up01", "tool": "echo", "arguments": {"message": "p"}})
     direct_call = ("up01__echo", {"message": "p"})
+    namings = (("catalog_call_tool", "catalog", catalog_call), ("direct tool", "direct", direct_call))
     paths = {
         f"{label}, {path}": (write_config(directory, 1, expose, call_path=path), *call)
-        for label, expose, call in (
-            ("catalog_call_tool", "catalog", catalog_call),
-            ("direct tool", "direct", direct_call),
-        )
+        for label, expose, call in namings
         for path in ("raw", "full")
     }
     direct_params = StdioServerParameters(command=sys.executable, args=TESTKIT)
@@ -159,10 +157,7 @@ async def bench_calls(directory: Path, calls: int, block: int = 50, before: Path
         direct = await stack.enter_async_context(session_for(direct_params))
         await timed_calls(direct, "echo", {"message": "p"}, 200)  # warm-up; starts the upstream
         if before is not None:
-            for label, expose, call in (
-                ("catalog_call_tool", "catalog", catalog_call),
-                ("direct tool", "direct", direct_call),
-            ):
+            for label, expose, call in namings:
                 config = write_config(directory, 1, expose, call_path="raw", tag="before")
                 paths[f"{label}, raw (before)"] = (config, *call)
         sessions: dict[str, tuple[ClientSession, str, dict[str, Any], int | None]] = {}

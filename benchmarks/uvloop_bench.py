@@ -37,15 +37,13 @@ async def compare(calls: int, block: int = 50) -> None:
             direct = await stack.enter_async_context(session_for(upstream))
             await timed_calls(direct, "echo", {"message": "p"}, 200)  # warm-up; starts the upstream
             sessions: dict[str, tuple[Any, str, dict[str, Any], int | None]] = {}
-            pids: dict[str, int | None] = {}
             for label, flag in LOOPS.items():
                 config = write_config(Path(tmp), 1, tag=f"-{label}")
                 params = aggregator_params(config)
                 params.env = {**get_default_environment(), "AGGREGATOR_UVLOOP": flag}
                 agg = await stack.enter_async_context(session_for(params))
                 await timed_calls(agg, "catalog_call_tool", ECHO, 200)
-                pids[label] = process_of(config)
-                sessions[label] = (agg, "catalog_call_tool", ECHO, pids[label])
+                sessions[label] = (agg, "catalog_call_tool", ECHO, process_of(config))
             samples, cpu = await interleaved(direct, sessions, calls, block)
             direct_ms = samples[DIRECT]
             print(f"{calls} sequential tools/call per loop, interleaved blocks of {block}; ms, MB")
@@ -54,7 +52,7 @@ async def compare(calls: int, block: int = 50) -> None:
             print(f"  {'loop':8} " + " ".join(f"{name:>{width}}" for name, width in columns))
             for label in LOOPS:
                 added = [pct(samples[label], p) - pct(direct_ms, p) for p in (50, 90)]
-                pid = pids[label]
+                pid = sessions[label][3]
                 memory = rollup(pid) if pid is not None else {"rss": 0.0, "pss": 0.0, "uss": 0.0}
                 print(
                     f"  {label:8} {added[0]:10.3f} {added[1]:10.3f} {cpu[label] / len(samples[label]) * 1000:9.3f}"

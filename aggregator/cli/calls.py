@@ -219,7 +219,7 @@ def _unknown_parameters(tool: str, pairs: list[str], schema: Mapping[str, Any]) 
     unknown = sorted({key for key, _, _ in (pair.partition("=") for pair in pairs) if key not in properties})
     if not unknown:
         return ""
-    guesses = "".join(did_you_mean(key, properties) for key in unknown[:1])
+    guesses = did_you_mean(unknown[0], properties)
     named = ("parameter " if len(unknown) == 1 else "parameters ") + ", ".join(repr(key) for key in unknown)
     text = f"{tool} has no {named}{guesses}; its parameters: {', '.join(sorted(properties))}"
     if schema.get("additionalProperties") is False:
