@@ -68,13 +68,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 async def _doctor(args: argparse.Namespace, settings: Settings) -> int:
     findings: list[Finding] = []
-    places = Places.here()
-    config = check_config(getattr(args, "config", None), os.environ, Path.cwd(), findings, set_by_clients(places))
+    clients = read_clients(Places.here())
+    config = check_config(getattr(args, "config", None), os.environ, Path.cwd(), findings, set_by_clients(clients))
     data_dir = data_dir_of(args, settings)
     if config is not None:
         await check_upstreams(config, findings, probe=not args.no_probe, data_dir=data_dir)
     findings.append(check_data_dir(data_dir))
-    findings += check_clients(places)
+    findings += check_clients(clients)
     findings.append(check_service(args))
     problems = sum(f.level == "problem" for f in findings)
     if args.json:
@@ -314,37 +314,48 @@ def _gone_launchers(file: Any, entries: list[dict[str, Any]]) -> list[Finding]:
     ]
 
 
-def set_by_clients(places: Places) -> dict[str, list[str]]:
-    """Variable → the clients (labels) whose aggregator entry sets it in its `env`."""
-    found: dict[str, list[str]] = {}
-    for file in client_files(places):
-        if not file.path.is_file():
-            continue
-        try:
-            servers = read_client_file(file).servers
-        except ConfigError:
-            continue  # check_clients reports it
-        for entry in servers.values():
-            if isinstance(entry, dict) and is_aggregator_entry(entry) and isinstance(entry.get("env"), dict):
-                for variable in entry["env"]:
-                    found.setdefault(str(variable), []).append(file.label)
-    return found
+ClientRead = tuple[Any, list[dict[str, Any]] | ConfigError]  # a client file: its aggregator entries, or why not
 
 
-def check_clients(places: Places) -> list[Finding]:
-    """Which client files start the aggregator; a client file that does not parse is a problem."""
-    findings: list[Finding] = []
-    installed: list[str] = []
+def read_clients(places: Places) -> list[ClientRead]:
+    """Each client file there is, with its aggregator entries or why it does not parse (read once for
+    `set_by_clients` and `check_clients`)."""
+    read: list[ClientRead] = []
     for file in client_files(places):
         if not file.path.is_file():
             continue
         try:
             servers = read_client_file(file).servers
         except ConfigError as exc:
-            fix = f"correct the file (in {file.client} or by hand)"
-            findings.append(Finding("problem", f"client {file.label}", f"{file.path}: {exc.problem}", fix))
+            read.append((file, exc))
             continue
         entries = [entry for entry in servers.values() if isinstance(entry, dict) and is_aggregator_entry(entry)]
+        read.append((file, entries))
+    return read
+
+
+def set_by_clients(clients: list[ClientRead]) -> dict[str, list[str]]:
+    """Variable → the clients (labels) whose aggregator entry sets it in its `env`."""
+    found: dict[str, list[str]] = {}
+    for file, entries in clients:
+        if isinstance(entries, ConfigError):
+            continue  # check_clients reports it
+        for entry in entries:
+            if isinstance(entry.get("env"), dict):
+                for variable in entry["env"]:
+                    found.setdefault(str(variable), []).append(file.label)
+    return found
+
+
+def check_clients(clients: list[ClientRead]) -> list[Finding]:
+    """Which client files start the aggregator; a client file that does not parse is a problem."""
+    findings: list[Finding] = []
+    installed: list[str] = []
+    for file, entries in clients:
+        if isinstance(entries, ConfigError):
+            fix = f"correct the file (in {file.client} or by hand)"
+            findings.append(Finding("problem", f"client {file.label}", f"{file.path}: {entries.problem}", fix))
+            continue
         if entries:
             installed.append(f"{file.label} ({file.path})")
         findings += _gone_launchers(file, entries)
