@@ -184,15 +184,15 @@ class Passthrough:
 
     async def _resource_owner(self, uri: str, template: bool = False) -> str:
         """The upstream serving `uri` (or, with `template`, offering it as a URI template), started if need be."""
-
-        def lookup() -> str | None:
-            owner = self.resources.template_owner(uri) if template else None
-            return owner or self.resources.resolve(uri)
-
-        server = await self.pool.find_starting(lookup)
+        server = await self.pool.find_starting(lambda: self._resource_known_owner(uri, template))
         if server is None:
             raise MCPError(RESOURCE_NOT_FOUND, f"no upstream lists, returned or templates the resource {uri!r}")
         return server
+
+    def _resource_known_owner(self, uri: str, template: bool) -> str | None:
+        """The upstream serving `uri` as known now (with `template`, the one offering it as a template first)."""
+        owner = self.resources.template_owner(uri) if template else None
+        return owner or self.resources.resolve(uri)
 
     async def read_resource(
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
@@ -249,8 +249,7 @@ class Passthrough:
             return None
         if ref.get("type") == "ref/prompt":
             return self.prompt_owner(str(ref.get("name")))
-        uri = str(ref.get("uri"))
-        return self.resources.template_owner(uri) or self.resources.resolve(uri)
+        return self._resource_known_owner(str(ref.get("uri")), template=True)
 
     async def complete_for(self, params: Mapping[str, Any], caller: ToolContext, version: str) -> dict[str, Any]:
         """`completion/complete` with the request's params as validated (also the raw path's)."""
