@@ -1,11 +1,14 @@
 """One guard process for all of an aggregator's stdio upstreams (issue 24), with the containment of one
-guard per upstream: an upstream's escaped processes end with it, not before and not later."""
+guard per upstream: an upstream's escaped processes end with it, not before and not later. Every
+containment test runs against both guards, `guard.py` and the C `guard.c` (docs/guard.md)."""
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,14 +16,38 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from aggregator.config import parse_config
-from aggregator.upstream import guard_client
-from aggregator.upstream.guard_client import guard_pid
+from aggregator.upstream import guard as guard_module
+from aggregator.upstream import guard_build, guard_client
+from aggregator.upstream.guard_client import guard_kind, guard_pid
 from aggregator.upstream.pool import UpstreamPool
 from tests.conftest import alive, kit_upstream, rpc, spawn_raw_aggregator, write_config
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the guard is Linux-only")
+
+NO_COMPILER = "no C compiler on PATH (cc, gcc, clang): the C guard cannot be built here, only the Python one runs"
+
+
+@pytest.fixture(params=["c", "python"])
+def guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which guard the test runs against (``AGGREGATOR_GUARD``); the C one built first, in the session's
+    private cache (conftest), or skipped when there is no compiler."""
+    if request.param == "c":
+        if guard_build.compiler() is None:
+            pytest.skip(NO_COMPILER)
+        assert guard_build.build() is not None, "the C guard did not build (see the log)"
+    monkeypatch.setenv("AGGREGATOR_GUARD", request.param)
+    return str(request.param)
+
+
+def _is_guard(pid: int, kind: str) -> bool:
+    """`pid` runs the guard of that kind."""
+    if kind == "python":
+        return "guard.py" in Path(f"/proc/{pid}/cmdline").read_text()
+    return os.readlink(f"/proc/{pid}/exe") == str(guard_build.binary())
 
 
 def _call(proc: subprocess.Popen[bytes], request_id: int, server: str, tool: str) -> dict[str, Any]:
@@ -59,26 +86,26 @@ def _escaping(tmp_path: Path, name: str) -> dict[str, Any]:
     return kit_upstream("--spawn-grandchild", "--grandchild-setsid", "--pid-file", str(tmp_path / f"{name}.pid"))
 
 
-def test_every_upstream_runs_under_one_guard(tmp_path: Path) -> None:
+def test_every_upstream_runs_under_one_guard(tmp_path: Path, guard: str) -> None:
     config = write_config(tmp_path, {name: kit_upstream() for name in ("a", "b", "c")})
-    proc = spawn_raw_aggregator(config)
+    proc = spawn_raw_aggregator(config, AGGREGATOR_GUARD=guard)
     try:
         pids = [_pid_of(proc, n, name) for n, name in enumerate(("a", "b", "c"), start=1)]
         guards = {_ppid(pid) for pid in pids}
         assert len(guards) == 1, guards
-        (guard,) = guards
-        assert "guard.py" in Path(f"/proc/{guard}/cmdline").read_text()
-        assert _children(proc.pid) == [guard]  # the aggregator's only child
+        (guard_process,) = guards
+        assert _is_guard(guard_process, guard)
+        assert _children(proc.pid) == [guard_process]  # the aggregator's only child
     finally:
         assert proc.stdin
         proc.stdin.close()
         proc.wait(timeout=30)
-    assert _gone_within([*pids, guard]) == []
+    assert _gone_within([*pids, guard_process]) == []
 
 
-def test_an_upstreams_escaped_grandchild_ends_with_it_and_not_with_another(tmp_path: Path) -> None:
+def test_an_upstreams_escaped_grandchild_ends_with_it_and_not_with_another(tmp_path: Path, guard: str) -> None:
     config = write_config(tmp_path, {"a": _escaping(tmp_path, "a"), "b": _escaping(tmp_path, "b")})
-    proc = spawn_raw_aggregator(config)
+    proc = spawn_raw_aggregator(config, AGGREGATOR_GUARD=guard)
     try:
         a, b = _pid_of(proc, 1, "a"), _pid_of(proc, 2, "b")
         a_grandchild, b_grandchild = (int((tmp_path / f"{n}.pid").read_text()) for n in ("a", "b"))
@@ -95,13 +122,14 @@ def test_an_upstreams_escaped_grandchild_ends_with_it_and_not_with_another(tmp_p
     assert _gone_within([b, b_grandchild]) == []
 
 
-def test_a_killed_guard_takes_its_upstreams_along_and_is_started_again(tmp_path: Path) -> None:
+def test_a_killed_guard_takes_its_upstreams_along_and_is_started_again(tmp_path: Path, guard: str) -> None:
     config = write_config(tmp_path, {"a": kit_upstream()})
-    proc = spawn_raw_aggregator(config)
+    proc = spawn_raw_aggregator(config, AGGREGATOR_GUARD=guard)
     try:
         first = _pid_of(proc, 1, "a")
-        guard = _ppid(first)
-        os.kill(guard, signal.SIGKILL)
+        killed = _ppid(first)
+        assert _is_guard(killed, guard)
+        os.kill(killed, signal.SIGKILL)
         assert _gone_within([first]) == []
         deadline, request_id = time.monotonic() + 20, 10
         while True:  # the crash puts the upstream in backoff for a moment
@@ -111,7 +139,7 @@ def test_a_killed_guard_takes_its_upstreams_along_and_is_started_again(tmp_path:
                 break
             time.sleep(0.2)
         second = int(answer["result"]["content"][0]["text"])
-        assert second != first and _ppid(second) not in (guard, proc.pid)
+        assert second != first and _ppid(second) not in (killed, proc.pid) and _is_guard(_ppid(second), guard)
     finally:
         assert proc.stdin
         proc.stdin.close()
@@ -119,13 +147,15 @@ def test_a_killed_guard_takes_its_upstreams_along_and_is_started_again(tmp_path:
     assert _gone_within([second]) == []
 
 
-async def test_the_guard_goes_when_its_last_upstream_has_stopped_and_comes_back_for_the_next(tmp_path: Path) -> None:
+async def test_the_guard_goes_when_its_last_upstream_has_stopped_and_comes_back_for_the_next(
+    tmp_path: Path, guard: str
+) -> None:
     config = parse_config(json.dumps({"upstreams": {"a": kit_upstream(), "b": kit_upstream()}}), "test.yaml")
     async with UpstreamPool.running(config, tmp_path) as pool:
         await pool.call_tool("a", "echo", {"message": "x"})
         await pool.call_tool("b", "echo", {"message": "x"})
         first = guard_pid()
-        assert first is not None and alive(first)
+        assert first is not None and alive(first) and guard_kind() == guard
     assert _gone_within([first]) == []  # nothing left to guard: no idle guard process
     async with UpstreamPool.running(config, tmp_path) as pool:
         await pool.call_tool("a", "echo", {"message": "x"})
@@ -134,16 +164,24 @@ async def test_the_guard_goes_when_its_last_upstream_has_stopped_and_comes_back_
     assert _gone_within([second]) == []
 
 
-def test_a_refused_start_leaves_no_idle_guard() -> None:
-    guard = guard_client._guard()
+@pytest.mark.parametrize(
+    ("argv", "env", "refusal"),
+    [
+        ([], {}, "argv is empty"),
+        (["true"], {"A=B": "1"}, "not an environment variable name"),
+        (["tr\0ue"], {}, "cannot hold a NUL"),
+    ],
+)
+def test_a_refused_start_leaves_no_idle_guard(guard: str, argv: list[str], env: dict[str, str], refusal: str) -> None:
+    running = guard_client._guard()
     ends = [*os.pipe(), *os.pipe()]
     try:
-        with pytest.raises(guard_client.GuardError, match="argv"):
-            guard.spawn([], {}, None, ends[:3])  # the guard refuses a request without a command
+        with pytest.raises(guard_client.GuardError, match=refusal):
+            running.spawn(argv, env, None, ends[:3])
     finally:
         for fd in ends:
             os.close(fd)
-    assert _gone_within([guard.process.pid]) == []
+    assert _gone_within([running.process.pid]) == []
 
 
 def test_the_guard_imports_no_python_wrapper_of_the_c_modules_it_uses() -> None:
@@ -166,3 +204,345 @@ def test_the_guard_imports_no_python_wrapper_of_the_c_modules_it_uses() -> None:
     late, loaded = done.stdout.split("|")
     assert late.strip() == ""  # prctl imported nothing more
     assert not set(loaded.split()) & {"socket", "signal", "selectors", "ctypes", "enum", "aggregator"}, loaded
+
+
+DAEMONIZE = """
+import os, signal, sys
+pid_file, rest = sys.argv[1], sys.argv[2:]
+if os.fork() == 0:  # the classic daemon: fork, setsid, fork, the middle one exits
+    os.setsid()
+    if os.fork() == 0:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in range(3):
+            os.dup2(null, fd)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # and a stubborn one: only SIGKILL ends it
+        with open(pid_file + ".tmp", "w") as fh:
+            fh.write(str(os.getpid()))
+        os.replace(pid_file + ".tmp", pid_file)
+        os.execvp("sleep", ["sleep", "300"])
+    os._exit(0)
+os.wait()
+os.execv(sys.executable, [sys.executable, *rest])
+"""
+
+
+def test_nothing_outlives_kill_9_of_the_aggregator_not_even_a_daemon(tmp_path: Path, guard: str) -> None:
+    """An upstream that ignores EOF and SIGTERM and leaves a double-forked, setsid()-ed daemon that ignores
+    SIGTERM too: after `kill -9` of the aggregator the guard ends both (it adopted the daemon)."""
+    pid_file = tmp_path / "daemon.pid"
+    kit = kit_upstream("--ignore-term")
+    upstream = {"command": sys.executable, "args": ["-c", DAEMONIZE, str(pid_file), *kit["args"]]}
+    proc = spawn_raw_aggregator(write_config(tmp_path, {"d": upstream}), AGGREGATOR_GUARD=guard)
+    try:
+        upstream_pid = _pid_of(proc, 1, "d")
+        daemon = int(pid_file.read_text())
+        guard_process = _ppid(upstream_pid)
+        assert _is_guard(guard_process, guard)
+        assert _ppid(daemon) == guard_process  # adopted: the guard is a subreaper
+        assert os.getsid(daemon) not in (os.getsid(upstream_pid), daemon)  # its own session, not a leader
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    assert _gone_within([upstream_pid, daemon, guard_process]) == []
+
+
+# ---------------------------------------------------------------- the wire, from an attacker's side
+
+
+def _raw_guard() -> tuple[subprocess.Popen[bytes], socket.socket]:
+    """The guard `AGGREGATOR_GUARD` chooses, started as the client starts it, its socket ours to abuse."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with theirs:
+        process = guard_client._start(guard_build.choose(start_build=False), theirs)
+    return process, ours
+
+
+def _answers(sock: socket.socket, until: float = 5.0) -> list[dict[str, str]]:
+    """The guard's messages until a refusal or an exit report (or `until` seconds)."""
+    found: list[dict[str, str]] = []
+    deadline = time.monotonic() + until
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([sock], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        data = sock.recv(65536)
+        assert data, "the guard closed its socket"
+        found.append(guard_client.decode_answer(data))
+        if any("r" in m or "x" in m for m in found):  # a refusal, or the exit that follows a pid
+            break
+    return found
+
+
+SAFE_COMMANDS = [b"true", b"/nonexistent/aggregator-fuzz", b"./no-such-program"]
+CLEAN_FIELDS = st.one_of(
+    st.tuples(st.just(b"a"), st.binary(max_size=20)),
+    st.tuples(
+        st.just(b"e"),
+        st.one_of(
+            st.sampled_from([b"A=B", b"=x", b"NOEQ", b"AGGREGATOR_GUARD_UPSTREAM=9", b"PATH=/usr/bin:/bin", b"X="]),
+            st.from_regex(rb"\A[A-Z_]{1,8}=[^\x00]{0,12}\Z"),
+        ),
+    ),
+    st.tuples(st.just(b"c"), st.sampled_from([b"/", b"/tmp", b"/nonexistent", b"", b"\xff"])),
+)
+JUNK_FIELDS = st.one_of(
+    st.tuples(st.just(b"i"), st.one_of(st.from_regex(rb"\A[0-9]{1,20}\Z"), st.binary(max_size=4))),
+    st.tuples(st.sampled_from([b"x", b"p", b"r", b"\xff", b""]), st.binary(max_size=8)),
+)
+
+
+@st.composite
+def hostile_messages(draw: st.DrawFn) -> bytes:
+    """Plain bytes, or field runs near the format: bad, many or no ids, unknown tags, empty fields,
+    entries that are not NAME=value, more than one directory, no final NUL. The first word of argv is
+    always one of SAFE_COMMANDS, so a message that passes runs nothing harmful."""
+    kind = draw(st.integers(0, 5))
+    if kind == 0:
+        data = draw(st.binary(min_size=1, max_size=300))
+        return b"b" + data[1:].replace(b"\0a", b"\0b") if data[:1] == b"a" else data.replace(b"\0a", b"\0b")
+    fields = draw(st.lists(CLEAN_FIELDS if kind > 1 else st.one_of(CLEAN_FIELDS, JUNK_FIELDS), max_size=8))
+    ident = draw(st.from_regex(rb"\A[0-9]{1,19}\Z"))
+    fields.insert(draw(st.integers(0, len(fields))), (b"i", ident))
+    words = [tag + value.replace(b"\0", b"") for tag, value in fields]
+    commands = [i for i, word in enumerate(words) if word[:1] == b"a"]
+    if commands:
+        words[commands[0]] = b"a" + draw(st.sampled_from(SAFE_COMMANDS))
+    return b"\0".join(words) + (b"" if draw(st.integers(0, 19)) == 0 else b"\0")
+
+
+def _expected(message: bytes, descriptors: int) -> tuple[str | None, str | None]:
+    """(id, refusal) both guards must answer, by `guard.py`'s parser; refusal None: it runs."""
+    try:
+        ident = guard_module.parse_request(message)[0]
+    except guard_module.Refused as refused:
+        return refused.ident, str(refused)
+    return ident, None if descriptors == 3 else "ValueError: a spawn request needs argv and three descriptors"
+
+
+def test_a_hostile_or_truncated_message_is_refused_and_the_guard_goes_on(guard: str) -> None:
+    """Fuzzed over the real socket: every message gets an answer, the same from both guards (a refusal
+    with the reason `guard.py`'s parser gives, or a pid and then its exit), the guard neither crashes
+    nor keeps a descriptor or a child, and serves a good request after."""
+    process, sock = _raw_guard()
+    try:
+        time.sleep(0.2)
+        baseline = len(os.listdir(f"/proc/{process.pid}/fd"))
+
+        @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(message=hostile_messages(), descriptors=st.one_of(st.just(3), st.integers(0, 20)))
+        def one(message: bytes, descriptors: int) -> None:
+            ends = [os.open(os.devnull, os.O_RDWR) for _ in range(descriptors)]
+            try:
+                socket.send_fds(sock, [message], ends)
+            finally:
+                for fd in ends:
+                    os.close(fd)
+            answers = _answers(sock)
+            assert answers, f"no answer to {message!r}"
+            ident, refusal = _expected(message, descriptors)
+            assert answers[0].get("i") == ident and answers[0].get("r") == refusal, (message, answers)
+            if refusal is None:  # it was a good request: its exit is reported too
+                assert any(m.get("x") == answers[0]["p"] for m in answers), answers
+            assert process.poll() is None, "the guard exited"
+
+        one()
+        deadline = time.monotonic() + 5  # the guard answers first and closes the last message's descriptors after
+        while len(os.listdir(f"/proc/{process.pid}/fd")) != baseline and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(os.listdir(f"/proc/{process.pid}/fd")) == baseline  # no descriptor kept
+        assert _children(process.pid) == []  # no child kept
+        ends = [*os.pipe(), *os.pipe()]
+        request = guard_client.encode_request(7, ["sh", "-c", "exit 5"], {"PATH": os.environ["PATH"]}, None)
+        socket.send_fds(sock, [request], ends[:3])
+        for fd in ends:
+            os.close(fd)
+        answers = _answers(sock)
+        assert answers[0]["i"] == "7" and any(m.get("c") == "5" for m in answers), answers
+    finally:
+        sock.close()
+        assert process.wait(timeout=10) == 0
+
+
+def test_the_marker_names_the_request_and_no_other_value_survives(guard: str, tmp_path: Path) -> None:
+    """Both guards set AGGREGATOR_GUARD_UPSTREAM to the request's id, whatever the request's env said,
+    and hand over the environment, argv and directory exactly (bytes that are not UTF-8 included)."""
+    process, sock = _raw_guard()
+    out = tmp_path / "out"
+    try:
+        env = {"PATH": os.environ["PATH"], "AGGREGATOR_GUARD_UPSTREAM": "forged", "ODD": "\udcff-é"}
+        script = 'printf "%s|%s|%s|%s" "$AGGREGATOR_GUARD_UPSTREAM" "$ODD" "$1" "$(pwd)" > "$0"'
+        request = guard_client.encode_request(42, ["sh", "-c", script, str(out), "x y"], env, str(tmp_path))
+        ends = [*os.pipe(), *os.pipe()]
+        socket.send_fds(sock, [request], ends[:3])
+        for fd in ends:
+            os.close(fd)
+        answers = _answers(sock)
+        assert any(m.get("c") == "0" for m in answers), answers
+        assert out.read_bytes() == b"42|\xff-\xc3\xa9|x y|" + bytes(tmp_path)
+    finally:
+        sock.close()
+        process.wait(timeout=10)
+
+
+# ---------------------------------------------------------------- how the C guard comes to exist
+
+
+@pytest.fixture
+def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache with no C guard built yet."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "aggregator" / "guard"
+
+
+def _needs_compiler() -> None:
+    if guard_build.compiler() is None:
+        pytest.skip(NO_COMPILER)
+
+
+def test_without_a_compiler_the_python_guard_runs_and_one_line_says_why(tmp_path: Path, fresh_cache: Path) -> None:
+    config = write_config(tmp_path, {"a": kit_upstream(), "b": kit_upstream()})
+    errors = tmp_path / "stderr"
+    with errors.open("wb") as sink:
+        proc = spawn_raw_aggregator(
+            config, stderr=sink, PATH=str(tmp_path / "empty"), CC="", AGGREGATOR_LOG_LEVEL="info"
+        )
+        try:
+            pids = [_pid_of(proc, 1, "a"), _pid_of(proc, 2, "b")]
+            assert _is_guard(_ppid(pids[0]), "python")
+        finally:
+            assert proc.stdin
+            proc.stdin.close()
+            proc.wait(timeout=30)
+    lines = [line for line in errors.read_text().splitlines() if "guard" in line]
+    assert len(lines) == 1 and "no C compiler" in lines[0], lines
+    assert not fresh_cache.exists() or not any(fresh_cache.glob("guard-*"))
+
+
+@pytest.mark.parametrize(
+    "compiler",
+    [
+        "echo 'cc1: internal compiler error: broken' >&2; exit 1",  # a compile error
+        'while [ "$1" != -o ]; do shift; done; echo garbage > "$2"; chmod +x "$2"',  # a binary that does not run
+    ],
+)
+def test_a_broken_compiler_leaves_the_python_guard_and_is_not_tried_again(
+    tmp_path: Path, fresh_cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, compiler: str
+) -> None:
+    fake = tmp_path / "fake-cc"
+    fake.write_text(f"#!/bin/sh\n{compiler}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    caplog.set_level("INFO", logger="aggregator")
+    assert guard_build.build() is None
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "C guard not built" in warnings[0].getMessage()
+    choice = guard_build.choose(start_build=True)  # the failure is remembered: no background build
+    assert choice.kind == "python" and "failed to build" in choice.reason, choice
+    from aggregator.cli.doctor import check_guard
+
+    assert check_guard().level == "note" and "aggregator install" in check_guard().fix
+    assert guard_build._builder.thread is None
+    assert sorted(p.name for p in fresh_cache.iterdir()) == [".build.lock", f"guard-{guard_build.source_key()}.failed"]
+
+
+def test_two_builds_at_once_both_end_with_one_working_binary(tmp_path: Path, fresh_cache: Path) -> None:
+    _needs_compiler()
+    script = "from aggregator.upstream import guard_build as b; print(b.build())"
+    builds = [
+        subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+        for _ in range(2)
+    ]
+    paths = {build.communicate(timeout=120)[0].strip() for build in builds}
+    assert paths == {str(guard_build.binary())}
+    done = subprocess.run([str(guard_build.binary()), "--version"], capture_output=True, text=True, timeout=10)
+    assert done.stdout.strip() == f"aggregator-guard {guard_build.source_key()}"
+    assert sorted(p.name for p in fresh_cache.iterdir()) == [".build.lock", guard_build.binary().name]
+
+
+def test_a_binary_built_from_another_source_is_not_used(
+    tmp_path: Path, fresh_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _needs_compiler()
+    older = tmp_path / "guard.c"
+    older.write_text(guard_build.SOURCE.read_text() + "\n/* an older guard */\n")
+    with monkeypatch.context() as patch:
+        patch.setattr(guard_build, "SOURCE", older)
+        guard_build.source_key.cache_clear()
+        stale = guard_build.build()
+    guard_build.source_key.cache_clear()
+    assert stale is not None and stale.exists() and stale != guard_build.binary()
+    assert guard_build.built() is None
+    monkeypatch.setenv("AGGREGATOR_GUARD", "auto")
+    assert guard_build.choose(start_build=False).kind == "python"
+
+
+def test_the_background_build_makes_the_next_start_use_the_c_guard(
+    fresh_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _needs_compiler()
+    builder = guard_build._Builder()
+    monkeypatch.setattr(guard_build, "_builder", builder)
+    monkeypatch.setattr(guard_build, "BUILD_DELAY_SECONDS", 0.0)
+    first = guard_build.choose(start_build=True)
+    assert first.kind == "python" and "background" in first.reason
+    assert builder.thread is not None
+    builder.thread.join(120)
+    assert guard_build.choose(start_build=True).kind == "c"
+
+
+def test_a_background_build_still_running_at_exit_is_killed(
+    tmp_path: Path, fresh_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow = tmp_path / "slow-cc"
+    slow.write_text("#!/bin/sh\nexec sleep 300\n")
+    slow.chmod(0o755)
+    monkeypatch.setenv("CC", str(slow))
+    builder = guard_build._Builder()
+    monkeypatch.setattr(guard_build, "_builder", builder)
+    monkeypatch.setattr(guard_build, "BUILD_DELAY_SECONDS", 0.0)
+    guard_build.choose(start_build=True)
+    deadline = time.monotonic() + 10
+    while not builder.running and time.monotonic() < deadline:
+        time.sleep(0.02)
+    (compiling,) = builder.running
+    started = time.monotonic()
+    guard_build.stop_background_build()
+    assert time.monotonic() - started < 5 and compiling.poll() is not None
+    assert builder.thread is not None and not builder.thread.is_alive()
+    assert not list(fresh_cache.glob(".guard-*.tmp"))
+    assert not list(fresh_cache.glob("*.failed"))  # a stopped build is not a failed one
+
+
+def test_doctor_says_which_guard_runs_and_why(
+    tmp_path: Path, fresh_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aggregator.cli.doctor import check_guard
+
+    with monkeypatch.context() as patch:
+        patch.setenv("PATH", str(tmp_path / "empty"))
+        patch.setenv("CC", "")
+        finding = check_guard()
+    assert finding.level == "ok" and "Python guard" in finding.detail and "no C compiler" in finding.detail
+    assert "install one" in finding.detail
+    monkeypatch.setenv("AGGREGATOR_GUARD", "python")
+    finding = check_guard()
+    assert "AGGREGATOR_GUARD=python" in finding.detail and finding.fix == ""
+    if guard_build.compiler() is None:
+        pytest.skip(NO_COMPILER)
+    monkeypatch.setenv("AGGREGATOR_GUARD", "auto")
+    assert "not built yet" in check_guard().detail
+    assert not fresh_cache.exists() or not list(fresh_cache.glob("guard-*"))  # doctor asked; it built nothing
+    guard_build.build()
+    finding = check_guard()
+    assert finding.level == "ok" and str(guard_build.binary()) in finding.detail
+
+
+def test_install_builds_the_c_guard_so_the_first_session_has_it(tmp_path: Path, fresh_cache: Path) -> None:
+    _needs_compiler()
+    from tests.test_install import CLIENT_FILES, Home
+
+    home = Home(tmp_path, "cursor", CLIENT_FILES["cursor"][1])
+    done = home.run("install", "cursor")
+    assert done.returncode == 0, done.stderr
+    assert f"guard: C (built at {guard_build.binary()})" in done.stdout
+    assert guard_build.built() is not None

@@ -295,9 +295,22 @@ def user_file(client: str, places: Places) -> ClientFile:
 async def _install(args: argparse.Namespace, settings: Settings) -> int:
     places = Places.here()
     file = user_file(args.client, places)
-    return _retrying(
+    code = _retrying(
         file, lambda: install_client(file, getattr(args, "config", None), places, args.dry_run, shared=not args.serve)
     )
+    if code == 0 and not args.dry_run:
+        print(_guard_line())
+    return code
+
+
+def _guard_line() -> str:
+    """Build the C guard now, so the first session already runs it (docs/guard.md); what runs, and why."""
+    from aggregator.upstream import guard_build
+
+    if guard_build.mode() != "python":
+        guard_build.build()
+    choice = guard_build.choose(start_build=False)
+    return f"guard: {'C' if choice.kind == 'c' else 'Python'} ({choice.reason})"
 
 
 async def _uninstall(args: argparse.Namespace, settings: Settings) -> int:

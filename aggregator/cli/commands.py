@@ -280,6 +280,9 @@ def _exit_now(code: int) -> typing.NoReturn:
     written by now, so only the buffers are left to flush."""
     import logging
 
+    build = sys.modules.get("aggregator.upstream.guard_build")
+    if build is not None:  # a background build of the C guard ends with us (docs/guard.md)
+        build.stop_background_build()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

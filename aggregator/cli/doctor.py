@@ -76,6 +76,7 @@ async def _doctor(args: argparse.Namespace, settings: Settings) -> int:
     findings.append(check_data_dir(data_dir))
     findings += check_clients(clients)
     findings.append(check_service(args))
+    findings.append(check_guard())
     problems = sum(f.level == "problem" for f in findings)
     if args.json:
         print(json.dumps({"ok": problems == 0, "findings": [asdict(f) for f in findings]}, indent=2))
@@ -290,6 +291,20 @@ def check_data_dir(data_dir: Path) -> Finding:
             "fix its permissions, or set AGGREGATOR_DATA_DIR / --data-dir to a writable directory",
         )
     return Finding("ok", "data dir", f"{data_dir} is writable")
+
+
+def check_guard() -> Finding:
+    """Which guard runs the stdio upstreams, and why (docs/guard.md); doctor never builds it. Only a failed
+    build is worth a note: the Python guard is a working fall-back, 9 MB larger."""
+    from aggregator.upstream.guard_build import choose
+
+    choice = choose(start_build=False)
+    if choice.kind == "c":
+        return Finding("ok", "guard", f"the C guard runs the stdio upstreams ({choice.reason})")
+    detail = f"the Python guard runs the stdio upstreams (9 MB more than the C guard): {choice.reason}"
+    if "failed to build" in choice.reason:
+        return Finding("note", "guard", detail, choice.fix)
+    return Finding("ok", "guard", f"{detail}; {choice.fix}" if choice.fix else detail)
 
 
 def check_service(args: argparse.Namespace) -> Finding:

@@ -22,14 +22,17 @@ aggregator is killed with SIGKILL nothing ends the group at all. So the guard
 - ends everything it holds when the aggregator goes away, however it goes: the socket reaches
   end-of-file when the aggregator exits or is killed, and SIGTERM, SIGINT and SIGHUP do the same.
 
-Messages are dicts in `marshal` format (the same interpreter runs both ends; `json` would
-add 0.5 MB to the guard's RSS). For the same reason the guard imports the C modules under
+`guard.c` is the same guard in C (docs/guard.md): both speak one wire format, and the aggregator's
+side (`guard_client.py`) does not care which one runs. The guard imports the C modules under
 `socket`, `signal`, `selectors` and `ctypes` (`_socket`, `_signal`, `select`, `_ctypes`): their
 Python wrappers import `enum` and more, 1.5 MB of RSS for names and conveniences the guard never
 uses (issue 24: the guard's RSS counts fully in the aggregator's own memory).
-Aggregator → guard: ``{"id", "argv", "env", "cwd"}`` with three descriptors. Guard → aggregator:
-``{"id", "pid"}`` or ``{"id", "error"}``, and ``{"exit": pid, "code": n}`` (128 + signal when a
-signal ended it).
+A message (one ``SOCK_SEQPACKET`` datagram) is a run of fields, each a tag byte, its value and a NUL
+(simple to parse in C; `json` would add 0.5 MB to this guard's RSS). Aggregator → guard: ``i`` the
+id (decimal), ``a`` each word of argv (at least one), ``e`` each ``NAME=value`` of the environment,
+``c`` the working directory (optional), with three descriptors. Guard → aggregator: ``i`` the id
+then ``p`` the pid, or ``i`` the id then ``r`` why it was refused (no ``i`` when the id was
+unreadable), and ``x`` a pid then ``c`` its exit code (128 + signal when a signal ended it).
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ from __future__ import annotations
 import _ctypes
 import _signal as signal
 import _socket
-import marshal
 import os
 import select
 import sys
@@ -48,6 +50,8 @@ PR_SET_CHILD_SUBREAPER = 36
 TERM_GRACE_SECONDS = 0.5  # below the aggregator's own grace, so the guard finishes first
 MARKER = "AGGREGATOR_GUARD_UPSTREAM"
 MAX_MESSAGE = 4 * 1024 * 1024
+MAX_ID = 18  # digits, as guard.c
+MAX_FDS = 16  # received at most (more are closed by the kernel), as guard.c
 
 
 class _Int(_ctypes._SimpleCData):  # ctypes.c_int, without importing ctypes
@@ -69,15 +73,16 @@ def _prctl(option: int, value: int) -> None:
         raise OSError(_ctypes.get_errno(), f"prctl({option}) failed")
 
 
-def _recv_fds(sock: _socket.socket, size: int, most: int) -> tuple[bytes, list[int]]:
-    """One message and the descriptors that came with it (socket.recv_fds, close-on-exec)."""
-    data, ancillary, _flags, _addr = sock.recvmsg(size, _socket.CMSG_LEN(most * 4), _socket.MSG_CMSG_CLOEXEC)
+def _recv_fds(sock: _socket.socket, size: int, most: int) -> tuple[bytes, list[int], bool]:
+    """One message, the descriptors that came with it (socket.recv_fds, close-on-exec), and whether it
+    was cut (longer than `size`)."""
+    data, ancillary, flags, _addr = sock.recvmsg(size, _socket.CMSG_SPACE(most * 4), _socket.MSG_CMSG_CLOEXEC)
     fds: list[int] = []
     for level, kind, payload in ancillary:
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
             usable = len(payload) - len(payload) % 4
             fds += [int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True) for i in range(0, usable, 4)]
-    return data, fds
+    return data, fds, bool(flags & _socket.MSG_TRUNC)
 
 
 def _children_map() -> dict[int, list[int]]:
@@ -156,6 +161,49 @@ def _owner(pid: int, leaders: dict[int, str]) -> int | None:
     return next((leader for leader, mark in leaders.items() if mark in marks), None)
 
 
+class Refused(ValueError):
+    """A request that cannot be served; the id it carried, if one could be read."""
+
+    def __init__(self, reason: str, ident: str | None) -> None:
+        super().__init__(reason)
+        self.ident = ident
+
+
+def parse_request(data: bytes) -> tuple[str, list[str], dict[str, str], str | None]:
+    """(id, argv, env, cwd) of a spawn request, or `Refused` with the same reasons as guard.c."""
+    if not data.endswith(b"\0"):
+        raise Refused("ValueError: a message ends with a NUL", None)
+    fields = data[:-1].split(b"\0")
+    ids = [field[1:] for field in fields if field[:1] == b"i"]
+    ident = ids[0].decode() if ids and 0 < len(ids[0]) <= MAX_ID and ids[0].isdigit() else None
+    if any(not field for field in fields):
+        raise Refused("ValueError: an empty field", ident)
+    if any(field[:1] not in (b"i", b"a", b"e", b"c") for field in fields):
+        raise Refused("ValueError: an unknown field", ident)
+    if len(ids) != 1 or ident is None:
+        raise Refused("ValueError: a spawn request needs one decimal id", None)
+    argv = [os.fsdecode(field[1:]) for field in fields if field[:1] == b"a"]
+    if not argv:
+        raise Refused("ValueError: a spawn request needs argv and three descriptors", ident)
+    cwds = [os.fsdecode(field[1:]) for field in fields if field[:1] == b"c"]
+    if len(cwds) > 1:
+        raise Refused("ValueError: more than one working directory", ident)
+    env: dict[str, str] = {}
+    for field in fields:
+        if field[:1] == b"e":
+            name, equals, value = field[1:].partition(b"=")
+            if not equals or not name:
+                raise Refused("ValueError: an environment entry is not NAME=value", ident)
+            env[os.fsdecode(name)] = os.fsdecode(value)
+    env[MARKER] = ident
+    return ident, argv, env, cwds[0] if cwds else None
+
+
+def answer(*fields: tuple[str, object]) -> bytes:
+    """One message to the aggregator: each (tag, value) as a field."""
+    return b"".join(tag.encode() + str(value).encode(errors="replace") + b"\0" for tag, value in fields)
+
+
 class Guard:
     """The guard's state: the live upstream leaders and the trees being ended."""
 
@@ -164,29 +212,28 @@ class Guard:
         self.leaders: dict[int, str] = {}  # leader pid -> marker
         self.ending: list[tuple[float, list[int]]] = []  # (SIGKILL deadline, pids sent SIGTERM)
 
-    def send(self, message: dict[str, object]) -> None:
+    def send(self, message: bytes) -> None:
         try:  # noqa: SIM105
-            self.sock.send(marshal.dumps(message))
+            self.sock.send(message)
         except OSError:  # the aggregator is gone: the main loop sees end-of-file next
             pass
 
-    def spawn(self, request: dict[str, object], fds: list[int]) -> None:
-        ident = str(request.get("id"))
+    def spawn(self, data: bytes, fds: list[int]) -> None:
+        ident: str | None = None
         try:
-            argv = [str(word) for word in request["argv"]]  # type: ignore[attr-defined]
-            env = {str(k): str(v) for k, v in request["env"].items()}  # type: ignore[attr-defined]
-            cwd = request.get("cwd")
-            if len(fds) != 3 or not argv:
-                raise ValueError("a spawn request needs argv and three descriptors")
-            env[MARKER] = ident
+            ident, argv, env, cwd = parse_request(data)
+            if len(fds) != 3:
+                raise Refused("ValueError: a spawn request needs argv and three descriptors", ident)
             pid = os.fork()
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            self.send({"id": request.get("id"), "error": f"{type(exc).__name__}: {exc}"})
+        except Refused as exc:
+            self.send(answer(*([("i", exc.ident)] if exc.ident else []), ("r", exc)))
+        except OSError as exc:
+            self.send(answer(("i", ident), ("r", f"OSError: fork: {exc.strerror}")))
         else:
             if pid == 0:
-                _exec_upstream(argv, env, cwd if isinstance(cwd, str) else None, fds)
+                _exec_upstream(argv, env, cwd, fds)
             self.leaders[pid] = ident
-            self.send({"id": request.get("id"), "pid": pid})
+            self.send(answer(("i", ident), ("p", pid)))
         finally:
             for fd in fds:
                 os.close(fd)
@@ -196,7 +243,7 @@ class Guard:
         exited = False
         for pid, code in _reap():
             if self.leaders.pop(pid, None) is not None:
-                self.send({"exit": pid, "code": code})
+                self.send(answer(("x", pid), ("c", code)))
                 exited = True
         if exited:
             self.end_strays()
@@ -232,8 +279,8 @@ def _exec_upstream(argv: list[str], env: dict[str, str], cwd: str | None, fds: l
     """In the forked child: become the upstream (never returns)."""
     try:
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)  # SIGPIPE, SIGXFSZ: the interpreter ignores them, a program expects not
         os.setsid()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
@@ -268,16 +315,17 @@ def serve(guard: Guard) -> None:
         for fd, _ in poller.poll(None if timeout is None else timeout * 1000):
             if fd == guard.sock.fileno():
                 try:
-                    data, fds = _recv_fds(guard.sock, MAX_MESSAGE, 3)
+                    data, fds, truncated = _recv_fds(guard.sock, MAX_MESSAGE, MAX_FDS)
                 except OSError:
-                    data, fds = b"", []
-                if not data:
-                    return
-                try:
-                    request = marshal.loads(data)
-                except (ValueError, EOFError, TypeError):
-                    request = {}
-                guard.spawn(request if isinstance(request, dict) else {}, list(fds))
+                    data, fds, truncated = b"", [], False
+                if not data or truncated:
+                    for received in fds:
+                        os.close(received)
+                    if not data:
+                        return
+                    guard.send(answer(("r", "ValueError: the message is too long")))
+                    continue
+                guard.spawn(data, fds)
             else:
                 try:  # noqa: SIM105
                     os.read(wake_read, 512)

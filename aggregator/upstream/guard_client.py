@@ -1,4 +1,5 @@
-"""The aggregator's side of the shared guard (`guard.py`): one guard process for all stdio upstreams.
+"""The aggregator's side of the shared guard (`guard.py`, or the same in C: `guard.c`, chosen by
+`guard_build.choose`): one guard process for all stdio upstreams.
 
 `open_guarded_process` starts an upstream through the guard and returns an `anyio.abc.Process`
 whose stdin and stdout are plain pipes the aggregator made (the guard only holds them long enough
@@ -11,7 +12,6 @@ guard: the upstream is spawned directly.
 
 from __future__ import annotations
 
-import marshal
 import os
 import signal
 import socket
@@ -21,14 +21,18 @@ import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
 from contextlib import suppress
-from pathlib import Path
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 
-GUARD = Path(__file__).with_name("guard.py")
+from aggregator.log import get_logger
+from aggregator.upstream import guard_build
+
+log = get_logger(__name__)
+
+GUARD = guard_build.PYTHON_GUARD
 READ_CHUNK = 65536
 EXIT_POLL_SECONDS = 0.02
 
@@ -41,18 +45,69 @@ class _Retired(Exception):
     """This guard was told to go (its last upstream exited): ask a new one."""
 
 
+def encode_request(ident: int, argv: list[str], env: Mapping[str, str], cwd: str | None) -> bytes:
+    """A spawn request in the guards' wire format (`guard.py`); `GuardError` for what no exec could take."""
+    fields = [b"i%d" % ident]
+    fields += [b"a" + os.fsencode(word) for word in argv]
+    for name, value in env.items():
+        if not name or "=" in name:
+            raise GuardError(f"not an environment variable name: {name!r}")
+        fields.append(b"e" + os.fsencode(name) + b"=" + os.fsencode(value))
+    if cwd is not None:
+        fields.append(b"c" + os.fsencode(cwd))
+    if not argv:
+        raise GuardError("no command to run: argv is empty")
+    if any(b"\0" in field for field in fields):
+        raise GuardError("a command, its arguments, environment and directory cannot hold a NUL")
+    return b"\0".join(fields) + b"\0"
+
+
+def decode_answer(data: bytes) -> dict[str, str]:
+    """A guard's answer: tag → value (``i``/``p``, ``i``/``r``, ``x``/``c``)."""
+    return {field[:1].decode(): field[1:].decode(errors="replace") for field in data.split(b"\0") if field}
+
+
+def _start(choice: guard_build.Choice, theirs: socket.socket) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*choice.command, str(os.getpid()), str(theirs.fileno())],
+        pass_fds=(theirs.fileno(),),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+_announced: set[str] = set()
+
+
+def _start_guard(theirs: socket.socket) -> tuple[guard_build.Choice, subprocess.Popen[bytes]]:
+    """Start the guard `guard_build` chooses; the Python one if the C binary will not run (one log line).
+    The choice is logged once per process and kind."""
+    choice = guard_build.choose(start_build=True)
+    try:
+        process = _start(choice, theirs)
+    except OSError as exc:
+        if choice.kind == "python":
+            raise
+        choice = guard_build.python_choice(f"the C guard {choice.command[0]} does not start: {exc.strerror or exc}")
+        process = _start(choice, theirs)
+    if choice.reason not in _announced:
+        _announced.add(choice.reason)
+        log.info("guard", kind=choice.kind, reason=choice.reason)
+    return choice, process
+
+
 class _Guard:
     """One running guard: its socket, the reader thread, and the upstreams it reported."""
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.process = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-        )
-        theirs.close()
+        try:
+            self.choice, self.process = _start_guard(theirs)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
         self.sock = ours
         self.owner_pid = os.getpid()
         self.lock = threading.Lock()
@@ -70,11 +125,15 @@ class _Guard:
                 raise _Retired if self.retired else GuardError("the guard process has exited")
             self.next_id += 1
             ident = self.next_id
+            try:
+                request = encode_request(ident, argv, env, cwd)
+            except GuardError:
+                self._retire_if_idle()
+                raise
             answer: Future[int] = Future()
             self.pending[ident] = answer
-            request = {"id": ident, "argv": argv, "env": dict(env), "cwd": cwd}
             try:
-                socket.send_fds(self.sock, [marshal.dumps(request)], fds)
+                socket.send_fds(self.sock, [request], fds)
             except OSError:
                 self.pending.pop(ident, None)
                 raise
@@ -105,26 +164,31 @@ class _Guard:
                 data = b""
             if not data:
                 break
-            message = marshal.loads(data)
+            message = decode_answer(data)
+            try:
+                numbers = {tag: int(message[tag]) for tag in ("i", "p", "x", "c") if tag in message}
+            except ValueError:
+                continue  # not from a guard of ours: nothing to resolve
             with self.lock:
-                if "exit" in message:
-                    process = self.processes.pop(message["exit"], None)
+                if "x" in numbers:
+                    pid, code = numbers["x"], numbers.get("c", 128 + signal.SIGKILL)
+                    process = self.processes.pop(pid, None)
                     if process is not None:
-                        process.exited(int(message["code"]))
+                        process.exited(code)
                     else:
-                        self.early_exits[message["exit"]] = int(message["code"])
+                        self.early_exits[pid] = code
                     self._retire_if_idle()
                     continue
-                answer = self.pending.pop(message["id"], None)
-                if answer is not None and "pid" in message:
-                    self.processes[int(message["pid"])] = None
+                answer = self.pending.pop(numbers.get("i", 0), None)
+                if answer is not None and "p" in numbers:
+                    self.processes[numbers["p"]] = None
                 else:  # a refused start: the guard may have nothing left to do
                     self._retire_if_idle()
             if answer is not None:
-                if "pid" in message:
-                    answer.set_result(int(message["pid"]))
+                if "p" in numbers:
+                    answer.set_result(numbers["p"])
                 else:
-                    answer.set_exception(GuardError(message.get("error", "the guard refused")))
+                    answer.set_exception(GuardError(message.get("r", "the guard refused")))
         with self.lock:  # the guard died: its upstreams died with it (PR_SET_PDEATHSIG)
             self.alive = False
             for answer in self.pending.values():
@@ -158,6 +222,11 @@ def _guard() -> _Guard:
 def guard_pid() -> int | None:
     """The pid of the running guard, if any (tests and the memory benchmark look at it)."""
     return _current.process.pid if _current is not None and _current.alive else None
+
+
+def guard_kind() -> str | None:
+    """Which guard runs, "c" or "python", if one runs."""
+    return _current.choice.kind if _current is not None and _current.alive else None
 
 
 class _PipeEnd:

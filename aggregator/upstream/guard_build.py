@@ -1,0 +1,295 @@
+"""Which guard runs, `guard.py` or the C `guard.c`, and how the C guard's binary comes to exist.
+
+The C guard is 1 MB of RSS where the Python one is a second interpreter (10 MB), with the same
+containment and wire format (docs/guard.md). No user has to install a compiler and no start waits
+for one: the binary is built from the packaged source into the user's cache (a 0700 directory; the
+name keyed by a hash of the source and the machine, so a binary of another source is never used),
+with `cc`, `gcc` or `clang` if one is on PATH, atomically (temp file, a ``--version`` check that it
+runs and is this source, rename), either in the background after the first guard starts (that
+session still runs the Python guard; the next one has the C guard) or at once by
+`aggregator install`. ``AGGREGATOR_GUARD``: ``auto`` (default: C when built, else Python),
+``c`` (build it now if needed; Python only if that fails), ``python``. A failed build is one log
+line and a marker file, so later starts do not try again with the same compiler; it is never an
+error for the user.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from aggregator.log import get_logger
+
+log = get_logger(__name__)
+
+SOURCE = Path(__file__).with_name("guard.c")
+PYTHON_GUARD = Path(__file__).with_name("guard.py")
+MODES = ("auto", "c", "python")
+COMPILERS = ("cc", "gcc", "clang")
+CFLAGS = ("-O2", "-s")
+BUILD_DELAY_SECONDS = 2.0  # the background build waits until the start-up is done
+BUILD_TIMEOUT_SECONDS = 120.0
+CHECK_TIMEOUT_SECONDS = 10.0
+STALE_TEMP_SECONDS = 600.0  # a temp file this old is a build that was killed: removed by the next build
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The guard to start: `command` is followed by PARENT_PID SOCKET_FD."""
+
+    kind: str  # "c" or "python"
+    command: tuple[str, ...]
+    reason: str
+    fix: str = ""  # what would make the C guard run (doctor shows it)
+
+
+def mode() -> str:
+    """``AGGREGATOR_GUARD``, lower-cased; anything else than auto, c or python is auto."""
+    value = os.environ.get("AGGREGATOR_GUARD", "").strip().lower()
+    return value if value in MODES else "auto"
+
+
+@cache
+def source_key() -> str:
+    """What the binary's name is keyed by: the source and the machine it is built for."""
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(os.uname().machine.encode())
+    return digest.hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("aggregator")) / "guard"
+
+
+def binary() -> Path:
+    """Where the C guard of this source is, once built."""
+    return cache_dir() / f"guard-{source_key()}"
+
+
+def _failed_marker() -> Path:
+    return cache_dir() / f"guard-{source_key()}.failed"
+
+
+def compiler() -> str | None:
+    """The C compiler to build with: ``CC`` when it names one program, else the first of cc, gcc, clang."""
+    for name in (os.environ.get("CC", "").strip(), *COMPILERS):
+        found = shutil.which(name) if name else None
+        if found:
+            return found
+    return None
+
+
+def _compiler_identity(path: str) -> str:
+    """A failure marker holds this: a new or updated compiler is tried again."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return path
+    return f"{path} {info.st_size} {info.st_mtime_ns}"
+
+
+def built() -> Path | None:
+    path = binary()
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def python_choice(reason: str, fix: str = "") -> Choice:
+    return Choice("python", (sys.executable, "-I", "-S", str(PYTHON_GUARD)), reason, fix)
+
+
+def choose(*, start_build: bool) -> Choice:
+    """The guard to run now, and why. `start_build`: in auto mode, start the background build when the
+    C guard is not built yet (`doctor` only asks)."""
+    wanted = mode()
+    if wanted == "python":
+        return python_choice("AGGREGATOR_GUARD=python")
+    if sys.platform != "linux":
+        return python_choice("the C guard is Linux-only")
+    path = built() or (build() if wanted == "c" and start_build else None)
+    if path is not None:
+        return Choice("c", (str(path),), f"built at {path}")
+    cc = compiler()
+    again = "`aggregator install CLIENT` builds it at once"
+    if cc is None:
+        reason = f"no C compiler on PATH ({', '.join(COMPILERS)}) to build the C guard"
+        return python_choice(reason, f"install one (cc or gcc); the next start builds the C guard, or {again}")
+    failed = _read_failure(cc)
+    if failed is not None:
+        return python_choice(f"the C guard failed to build with {cc}: {failed}", f"once that is fixed, {again}")
+    if wanted == "c":
+        reason = "AGGREGATOR_GUARD=c, but the C guard is not built yet"
+        return python_choice(reason, f"the next start builds it, or {again}")
+    if start_build:
+        _builder.start()
+    reason = f"the C guard is not built yet: the next start builds it in the background with {cc}"
+    return python_choice(reason, f"none needed, or {again}")
+
+
+def _read_failure(cc: str) -> str | None:
+    """The reason of an earlier failed build with this very compiler, if any."""
+    try:
+        identity, _, reason = _failed_marker().read_text().partition("\n")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if identity != _compiler_identity(cc):
+        return None
+    return reason.strip() or "unknown"
+
+
+def build(stop: threading.Event | None = None, running: list[subprocess.Popen[bytes]] | None = None) -> Path | None:
+    """Build the C guard now unless it is built; its path, or None (one log line says why).
+
+    Concurrent builds, in this process or others, are safe: each writes its own temp file, and one
+    waits for the other's lock then finds the binary. `stop` ends the build early; `running` receives
+    the compiler's process while it runs, for whoever must kill it.
+    """
+    cc = compiler()
+    if cc is None:
+        log.info("C guard not built: no C compiler on PATH", compilers=", ".join(COMPILERS))
+        return None
+    folder = cache_dir()
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(folder, 0o700)
+        with open(folder / ".build.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released with the file, or when a killed builder's process ends
+            return built() or _compile(cc, folder, stop, running)
+    except OSError as exc:
+        log.warning("C guard not built", reason=f"{folder}: {exc.strerror or exc}")
+        return None
+
+
+def _compile(
+    cc: str, folder: Path, stop: threading.Event | None, running: list[subprocess.Popen[bytes]] | None
+) -> Path | None:
+    _remove_stale_temps(folder)
+    key = source_key()
+    temp = folder / f".guard-{key}.{os.getpid()}.{threading.get_ident()}.tmp"
+    command = [cc, *CFLAGS, f'-DGUARD_SOURCE_HASH="{key}"', "-o", str(temp), str(SOURCE)]
+    try:
+        reason = _run(command, BUILD_TIMEOUT_SECONDS, stop, running)
+        if reason is None:
+            reason = _check(temp, key)
+        if reason is not None:
+            if stop is None or not stop.is_set():
+                log.warning("C guard not built; the Python guard runs", compiler=cc, reason=reason)
+                _failed_marker().write_text(f"{_compiler_identity(cc)}\n{reason}\n")
+            return None
+        os.chmod(temp, 0o700)
+        os.replace(temp, binary())
+        log.info("C guard built", path=str(binary()))
+        return binary()
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temp.unlink()
+
+
+def _run(
+    command: list[str], timeout: float, stop: threading.Event | None, running: list[subprocess.Popen[bytes]] | None
+) -> str | None:
+    """Run the compiler (its own process group, so killing it ends cc1 and the linker too); None when
+    it succeeded, else why not (its last output line)."""
+    if stop is not None and stop.is_set():
+        return "stopped"
+    try:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0
+        )
+    except OSError as exc:
+        return f"{command[0]}: {exc.strerror or exc}"
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, process.pid, 10)  # below the aggregator's own work
+    if running is not None:
+        running.append(process)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(process)
+        return f"timed out after {timeout:.0f} s"
+    finally:
+        if running is not None:
+            running.remove(process)
+    if process.returncode != 0:
+        lines = output.decode(errors="replace").strip().splitlines() or [f"exit code {process.returncode}"]
+        return lines[-1][:300]
+    return None
+
+
+def _check(temp: Path, key: str) -> str | None:
+    """The binary runs here (not a noexec cache) and is this source's; None, or why not."""
+    try:
+        done = subprocess.run(
+            [str(temp), "--version"], stdin=subprocess.DEVNULL, capture_output=True, timeout=CHECK_TIMEOUT_SECONDS
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"the built guard does not run: {getattr(exc, 'strerror', None) or exc}"
+    if done.stdout.decode(errors="replace").strip() != f"aggregator-guard {key}":
+        return f"the built guard does not answer --version as expected (exit code {done.returncode})"
+    return None
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _remove_stale_temps(folder: Path) -> None:
+    now = time.time()
+    for temp in folder.glob(".guard-*.tmp"):
+        with contextlib.suppress(OSError):
+            if now - temp.stat().st_mtime > STALE_TEMP_SECONDS:
+                temp.unlink()
+
+
+class _Builder:
+    """The background build: at most one per process, started after a delay, with an owner that ends it
+    (`stop_background_build`, called at exit)."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.stop = threading.Event()
+        self.running: list[subprocess.Popen[bytes]] = []
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        with self.lock:
+            if self.thread is not None or self.stop.is_set():
+                return
+            self.thread = threading.Thread(target=self._run, name="aggregator-guard-build", daemon=True)
+            self.thread.start()
+            atexit.register(self.end)  # `serve` leaves by os._exit: it calls stop_background_build itself
+
+    def _run(self) -> None:
+        if not self.stop.wait(BUILD_DELAY_SECONDS):
+            build(self.stop, self.running)
+
+    def end(self, timeout: float = 5.0) -> None:
+        self.stop.set()
+        for process in list(self.running):
+            _kill_group(process)
+        thread = self.thread
+        if thread is not None:
+            thread.join(timeout)
+
+
+_builder = _Builder()
+
+
+def stop_background_build() -> None:
+    """End a background build still running (the compiler killed, its temp file removed)."""
+    _builder.end()
