@@ -1,14 +1,16 @@
 """Where the memory of `aggregator serve` goes (issue 24): RSS per import phase, and per process.
 
-    .venv/bin/python benchmarks/memory_phases.py [--calls 200]
+    .venv/bin/python benchmarks/memory_phases.py [--calls 200] [--guards c,python]
 
 1. Import phases, in a fresh interpreter, in the order `serve` imports them and with the deferrals
    the CLI applies for `serve` (`aggregator.sdk`, `aggregator.sdk.deferred`): VmRSS after each
    phase and what the phase added. The last rows are what a stdio `serve` still imports without
    using it (measured as what importing it adds on top of everything else).
 2. A real stdio `serve` with one running upstream (`examples/testkit.py`), after `--calls` proxied
-   calls: RSS, PSS and private (USS) memory of the aggregator and of its guard, beside a bare
-   interpreter started the way the guard is (`python -I -S`) in the same run.
+   calls, once per guard of `--guards` (``AGGREGATOR_GUARD``; the C guard is built first, into the
+   user's cache, when a compiler is there): RSS, PSS and private (USS) memory of the aggregator and
+   of its guard, with the guard's kind, beside a bare interpreter started the way the Python guard
+   is (`python -I -S`) in the same run.
 
 Linux only (/proc). One run; read the phases against each other, not as absolute figures.
 """
@@ -118,18 +120,33 @@ def bare_interpreter() -> dict[str, float]:
         proc.wait(timeout=10)
 
 
-async def serving(calls: int) -> dict[str, dict[str, float]]:
+def guard_kind_of(pid: int) -> str:
+    """ "C" or "Python": what the guard process `pid` runs."""
+    return "C" if Path(os.readlink(f"/proc/{pid}/exe")).name.startswith("guard-") else "Python"
+
+
+async def serving(calls: int, guard: str) -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         config = write_config(Path(tmp), 1)
-        async with session_for(aggregator_params(config)) as agg:
+        params = aggregator_params(config)
+        params.env = {**os.environ, "AGGREGATOR_GUARD": guard}
+        async with session_for(params) as agg:
             await timed_calls(agg, "catalog_call_tool", ECHO, calls)
             pid = process_of(config)
             assert pid is not None
-            found = {"aggregator": rollup(pid)}
+            found = {f"aggregator (AGGREGATOR_GUARD={guard})": rollup(pid)}
             for member in tree(pid):
-                if b"guard.py" in Path(f"/proc/{member}/cmdline").read_bytes():
-                    found["guard"] = rollup(member)
+                if _ppid(member) == pid:  # the guard: the aggregator's only child
+                    found[f"guard ({guard_kind_of(member)})"] = rollup(member)
             return found
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def row(name: str, figures: dict[str, float]) -> None:
+    print(f"  {name:36} rss {figures['rss']:6.1f}   pss {figures['pss']:6.1f}   private {figures['uss']:6.1f}")
 
 
 def main() -> None:
@@ -137,7 +154,15 @@ def main() -> None:
         sys.exit("memory_phases needs Linux (/proc)")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=200, help="proxied calls before the per-process figures")
+    parser.add_argument("--guards", default="c,python", help="the guards to measure section 2 with (c, python)")
     args = parser.parse_args()
+    guards = [kind.strip() for kind in args.guards.split(",") if kind.strip()]
+    if "c" in guards:
+        from aggregator.upstream import guard_build
+
+        if guard_build.build() is None:
+            print("(the C guard could not be built here: measuring the Python guard only)")
+            guards = [kind for kind in guards if kind != "c"] or ["python"]
 
     print("1. RSS after each import phase, in serve's order (MB; fresh interpreter)")
     measured = phases(PHASES + DEFERRED)
@@ -149,12 +174,13 @@ def main() -> None:
         previous = mb
 
     print(f"\n2. A stdio serve, 1 running upstream, after {args.calls} calls (MB)")
-    found = anyio.run(serving, args.calls)
-    found["bare `python -I -S` (same run)"] = bare_interpreter()
-    for name, figures in found.items():
-        print(f"  {name:32} rss {figures['rss']:6.1f}   pss {figures['pss']:6.1f}   private {figures['uss']:6.1f}")
-    own = found["aggregator"]["rss"] + found.get("guard", {"rss": 0.0})["rss"]
-    print(f"  own memory (aggregator + guard, RSS, as peer_bench counts it): {own:.1f}")
+    for guard in guards:
+        found = anyio.run(serving, args.calls, guard)
+        for name, figures in found.items():
+            row(name, figures)
+        own = sum(figures["rss"] for figures in found.values())
+        print(f"  own memory (aggregator + guard, RSS, as peer_bench counts it): {own:.1f}\n")
+    row("bare `python -I -S` (same run)", bare_interpreter())
 
 
 if __name__ == "__main__":

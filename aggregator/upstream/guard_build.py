@@ -38,7 +38,9 @@ SOURCE = Path(__file__).with_name("guard.c")
 PYTHON_GUARD = Path(__file__).with_name("guard.py")
 MODES = ("auto", "c", "python")
 COMPILERS = ("cc", "gcc", "clang")
-CFLAGS = ("-O2", "-s")
+# static first (0.8 MB RSS against 1.6 dynamically linked: no shared libc pages counted in RSS), and
+# dynamically linked where the static C library is not installed
+CFLAGS = (("-O2", "-s", "-static"), ("-O2", "-s"))
 BUILD_DELAY_SECONDS = 2.0  # the background build waits until the start-up is done
 BUILD_TIMEOUT_SECONDS = 120.0
 CHECK_TIMEOUT_SECONDS = 10.0
@@ -179,11 +181,12 @@ def _compile(
     _remove_stale_temps(folder)
     key = source_key()
     temp = folder / f".guard-{key}.{os.getpid()}.{threading.get_ident()}.tmp"
-    command = [cc, *CFLAGS, f'-DGUARD_SOURCE_HASH="{key}"', "-o", str(temp), str(SOURCE)]
     try:
-        reason = _run(command, BUILD_TIMEOUT_SECONDS, stop, running)
-        if reason is None:
-            reason = _check(temp, key)
+        for flags in CFLAGS:
+            command = [cc, *flags, f'-DGUARD_SOURCE_HASH="{key}"', "-o", str(temp), str(SOURCE)]
+            reason = _run(command, BUILD_TIMEOUT_SECONDS, stop, running) or _check(temp, key)
+            if reason is None or (stop is not None and stop.is_set()):
+                break
         if reason is not None:
             if stop is None or not stop.is_set():
                 log.warning("C guard not built; the Python guard runs", compiler=cc, reason=reason)
