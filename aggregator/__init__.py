@@ -2,16 +2,6 @@
 
 from __future__ import annotations
 
-
-def __getattr__(name: str) -> str:
-    """`__version__`, read on first use: `aggregator connect` must start without importlib.metadata (~25 ms)."""
-    if name != "__version__":
-        raise AttributeError(f"module 'aggregator' has no attribute {name!r}")
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        found = version("aggregator")
-    except PackageNotFoundError:  # running from a source tree
-        found = "0.0.0"
-    globals()["__version__"] = found
-    return found
+# The one place the version is written (pyproject.toml reads it from here): no `importlib.metadata` to
+# learn it, which `serve` would import for this alone (1.3 MB RSS with email, zipfile and csv; issue 24).
+__version__ = "0.1.0"

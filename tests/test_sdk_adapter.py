@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -506,3 +507,64 @@ assert server_otel.SpanKind is opentelemetry.trace.SpanKind and server_otel.otel
 assert deferred.defer_tracing() is False
 print("ok")
 """)
+
+
+def test_defer_package_metadata_keeps_importlib_metadata_out_and_pydantic_working() -> None:
+    """pydantic binds `entry_points` (`pydantic.plugin._loader`) and `version` (`pydantic.networks`) from
+    `importlib.metadata`; deferred (no pydantic plugin installed), models build and validate without
+    loading it, the loader's private `_plugins` cache says "no plugin" as its scan would, and any
+    other use of the module (or of a placeholder) loads the real one."""
+    _fresh("""
+import sys
+from aggregator.sdk import deferred
+assert deferred.defer_package_metadata()
+
+def loaded(name):
+    return name in sys.modules and type(sys.modules[name]).__name__ != "_StandIn"
+
+import pydantic
+from pydantic.plugin import _loader
+import pydantic.networks
+
+class M(pydantic.BaseModel):
+    x: int
+
+assert M.model_validate({"x": "3"}).x == 3 and list(_loader.get_plugins()) == []
+assert not loaded("importlib.metadata") and "email" not in sys.modules and "zipfile" not in sys.modules
+assert _loader._plugins == {}  # the private cache the loader reads first
+import importlib.metadata
+assert importlib.metadata.version("pydantic") == pydantic.VERSION  # another module: the real one
+assert loaded("importlib.metadata")
+assert pydantic.networks.version("pydantic") == pydantic.VERSION  # the placeholder was rebound
+assert pydantic.networks.version is importlib.metadata.version
+print("ok")
+""")
+
+
+def test_defer_package_metadata_leaves_an_installed_pydantic_plugin_working(tmp_path: Path) -> None:
+    """A distribution declaring a `pydantic` entry point: nothing is deferred, and pydantic loads it."""
+    (tmp_path / "myplugin-1.0.dist-info").mkdir()
+    (tmp_path / "myplugin-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: myplugin\nVersion: 1.0\n"
+    )
+    (tmp_path / "myplugin-1.0.dist-info" / "entry_points.txt").write_text(
+        "[other]\nx = y\n\n[pydantic]\nmine = myplugin:plugin\n"
+    )
+    (tmp_path / "myplugin.py").write_text(
+        "seen = []\nclass _P:\n    def new_schema_validator(self, schema, *args, **kwargs):\n"
+        "        seen.append(schema)\n        return None, None, None\nplugin = _P()\n"
+    )
+    script = f"""
+import sys
+sys.path.insert(0, {str(tmp_path)!r})
+from aggregator.sdk import deferred
+assert not deferred.defer_package_metadata()
+import pydantic, myplugin
+
+class M(pydantic.BaseModel):
+    x: int
+
+assert myplugin.seen, "the plugin was not loaded"
+print("ok")
+"""
+    _fresh(script)

@@ -28,10 +28,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if at is not None:  # a command will run (not `--version` or help, which import no SDK at all)
             from aggregator import sdk
 
-            sdk.defer_wire_model_builds()  # before anything imports the SDK
-            if words[at] == "serve":  # it builds no MCPServer: keep that package and cryptography out
+            serving = words[at] == "serve"
+            if serving:  # before pydantic is imported: no importlib.metadata without pydantic plugins
                 from aggregator.sdk import deferred
 
+                deferred.defer_package_metadata()
+            sdk.defer_wire_model_builds()  # before anything imports the SDK
+            if serving:  # it builds no MCPServer: keep that package and cryptography out
                 deferred.defer_mcpserver()
                 deferred.defer_http_clients()  # httpx2 with the first remote upstream (upstream/http_transports.py)
                 if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):  # serve then makes no span (sdk/__init__)

@@ -36,6 +36,15 @@ takes those spans out on both legs (`sdk.without_tracing`, `sdk.untraced_upstrea
 `defer_tracing()` gives both modules stand-ins; a span the SDK still makes (a server the aggregator
 did not strip) loads the real ones, and the span with them.
 
+`importlib.metadata` (with email, zipfile, csv, bz2, lzma and calendar: 1.3 MB RSS): pydantic imports it at
+its top for two names, `entry_points` (`pydantic.plugin._loader`, to find pydantic plugins when it builds
+its first model) and `version` (`pydantic.networks`, for email-validator's version when an email address
+is validated). `defer_package_metadata()` gives it a stand-in when no installed distribution declares a
+`pydantic` entry point (read as importlib.metadata's path finder reads them: each `sys.path` directory's
+`*.dist-info` and `*.egg-info` `entry_points.txt`; a zip on the path or another distribution finder
+counts as "maybe", and then nothing is deferred), and tells pydantic's loader what its scan would have
+found: no plugin. Any other use loads the real module.
+
 uvicorn: `mcp.server.streamable_http` imports `sse_starlette`, whose import imports uvicorn (click,
 multiprocessing, logging.config: 2.5 MB RSS) only to hook uvicorn's exit handler. When the HTTP
 server cannot be deferred, `import_sse_without_uvicorn` imports `sse_starlette` with uvicorn
@@ -48,6 +57,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import sys
 import types
 from dataclasses import dataclass
@@ -115,7 +125,13 @@ TRACING = (
     Deferral("opentelemetry.trace", ("SpanKind", "StatusCode"), _TRACED),
     Deferral("mcp.shared._otel", ("extract_trace_context", "inject_trace_context", "otel_span"), _TRACED),
 )
-_DEFERRALS = {deferral.module: deferral for deferral in (MCPSERVER, *HTTP_CLIENTS, *HTTP_SERVER, *TRACING)}
+PACKAGE_METADATA = Deferral(
+    "importlib.metadata", ("entry_points", "version"), ("pydantic.plugin._loader", "pydantic.networks")
+)
+_PLUGIN_SECTION = re.compile(r"^\s*\[\s*pydantic\s*\]\s*$", re.MULTILINE)  # an entry point group header
+_DEFERRALS = {
+    deferral.module: deferral for deferral in (MCPSERVER, *HTTP_CLIENTS, *HTTP_SERVER, *TRACING, PACKAGE_METADATA)
+}
 _IMPORT_SYSTEM = "importlib._bootstrap"  # its `from package import name` asks `hasattr` first
 
 
@@ -148,6 +164,48 @@ def defer_tracing() -> bool:
     if "mcp" in sys.modules or "opentelemetry.trace" in sys.modules:
         return False
     return all([_defer(deferral) for deferral in TRACING])
+
+
+def defer_package_metadata() -> bool:
+    """Keep `importlib.metadata` out of a process with no pydantic plugin installed; False (nothing done)
+    once pydantic or it is imported, or when a plugin is, or may be, installed."""
+    if "pydantic" in sys.modules or "importlib.metadata" in sys.modules or _pydantic_plugins_may_exist():
+        return False
+    if not _defer(PACKAGE_METADATA):
+        return False
+    importlib.metadata = sys.modules["importlib.metadata"]  # type: ignore[attr-defined]  # `import importlib.metadata`
+    from pydantic.plugin import _loader  # binds the placeholder     # then reads it from the package
+
+    _loader._plugins = {}  # what its scan would find: no plugin (the scan itself would load the module)
+    return True
+
+
+def _pydantic_plugins_may_exist() -> bool:
+    """Whether an installed distribution declares a `pydantic` entry point, or might: found where
+    importlib.metadata's path finder looks (plain directories on `sys.path`); a zip on the path or a
+    distribution finder of another kind is a "maybe"."""
+    if any(hasattr(finder, "find_distributions") and finder is not PathFinder for finder in sys.meta_path):
+        return True
+    for entry in sys.path:
+        folder = entry or "."
+        if os.path.isfile(folder):
+            return True
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            if name.endswith((".dist-info", ".egg-info")) and _PLUGIN_SECTION.search(_entry_points(folder, name)):
+                return True
+    return False
+
+
+def _entry_points(folder: str, distribution: str) -> str:
+    try:
+        with open(os.path.join(folder, distribution, "entry_points.txt"), encoding="utf-8") as fh:
+            return fh.read()
+    except (OSError, UnicodeDecodeError):  # none (or an .egg-info that is a file)
+        return ""
 
 
 def _defer(deferral: Deferral) -> bool:
