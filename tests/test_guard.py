@@ -546,3 +546,24 @@ def test_install_builds_the_c_guard_so_the_first_session_has_it(tmp_path: Path, 
     assert done.returncode == 0, done.stderr
     assert f"guard: C (built at {guard_build.binary()})" in done.stdout
     assert guard_build.built() is not None
+
+
+def test_a_background_build_leaves_a_build_in_progress_to_its_builder(
+    tmp_path: Path, fresh_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process holds the build lock: the background build neither waits for it nor compiles,
+    so nothing delays this aggregator's exit."""
+    import fcntl
+
+    _needs_compiler()
+    fresh_cache.mkdir(parents=True)
+    with open(fresh_cache / ".build.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        builder = guard_build._Builder()
+        monkeypatch.setattr(guard_build, "_builder", builder)
+        monkeypatch.setattr(guard_build, "BUILD_DELAY_SECONDS", 0.0)
+        guard_build.choose(start_build=True)
+        assert builder.thread is not None
+        builder.thread.join(5)
+        assert not builder.thread.is_alive() and guard_build.built() is None
+    assert not list(fresh_cache.glob(".guard-*.tmp"))

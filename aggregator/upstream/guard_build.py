@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import IO
 
 from aggregator.log import get_logger
 
@@ -155,9 +156,9 @@ def _read_failure(cc: str) -> str | None:
 def build(stop: threading.Event | None = None, running: list[subprocess.Popen[bytes]] | None = None) -> Path | None:
     """Build the C guard now unless it is built; its path, or None (one log line says why).
 
-    Concurrent builds, in this process or others, are safe: each writes its own temp file, and one
-    waits for the other's lock then finds the binary. `stop` ends the build early; `running` receives
-    the compiler's process while it runs, for whoever must kill it.
+    Concurrent builds, in this process or others, are safe: one takes the lock, another waits for it
+    and then finds the binary (a background one does not wait: the next start finds it). `stop` ends
+    the build early; `running` receives the compiler's process while it runs, for whoever must kill it.
     """
     cc = compiler()
     if cc is None:
@@ -168,11 +169,27 @@ def build(stop: threading.Event | None = None, running: list[subprocess.Popen[by
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(folder, 0o700)
         with open(folder / ".build.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released with the file, or when a killed builder's process ends
+            if not _locked(lock, stop):  # another builder: a background build leaves it to that one
+                return built()
             return built() or _compile(cc, folder, stop, running)
     except OSError as exc:
         log.warning("C guard not built", reason=f"{folder}: {exc.strerror or exc}")
         return None
+
+
+def _locked(lock: IO[str], stop: threading.Event | None) -> bool:
+    """Take the build lock (released with the file, or when a killed builder's process ends). A background
+    build (`stop` given) does not wait for another builder; a build asked for now waits for it, up to
+    BUILD_TIMEOUT_SECONDS."""
+    deadline = time.monotonic() + BUILD_TIMEOUT_SECONDS
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if stop is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
 
 
 def _compile(
