@@ -32,6 +32,8 @@ from limits_bench import ECHO, tree, write_config
 from passthrough_bench import process_of
 from proxy_bench import aggregator_params, session_for, timed_calls
 
+from aggregator.upstream import guard_build
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # (label, code): each runs after the ones before it, in serve's order of first import.
@@ -120,11 +122,6 @@ def bare_interpreter() -> dict[str, float]:
         proc.wait(timeout=10)
 
 
-def guard_kind_of(pid: int) -> str:
-    """ "C" or "Python": what the guard process `pid` runs."""
-    return "C" if Path(os.readlink(f"/proc/{pid}/exe")).name.startswith("guard-") else "Python"
-
-
 async def serving(calls: int, guard: str) -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         config = write_config(Path(tmp), 1)
@@ -137,7 +134,7 @@ async def serving(calls: int, guard: str) -> dict[str, dict[str, float]]:
             found = {f"aggregator (AGGREGATOR_GUARD={guard})": rollup(pid)}
             for member in tree(pid):
                 if _ppid(member) == pid:  # the guard: the aggregator's only child
-                    found[f"guard ({guard_kind_of(member)})"] = rollup(member)
+                    found[f"guard ({guard_build.kind_of(member)})"] = rollup(member)
             return found
 
 
@@ -157,12 +154,9 @@ def main() -> None:
     parser.add_argument("--guards", default="c,python", help="the guards to measure section 2 with (c, python)")
     args = parser.parse_args()
     guards = [kind.strip() for kind in args.guards.split(",") if kind.strip()]
-    if "c" in guards:
-        from aggregator.upstream import guard_build
-
-        if guard_build.build() is None:
-            print("(the C guard could not be built here: measuring the Python guard only)")
-            guards = [kind for kind in guards if kind != "c"] or ["python"]
+    if "c" in guards and guard_build.build() is None:
+        print("(the C guard could not be built here: measuring the Python guard only)")
+        guards = [kind for kind in guards if kind != "c"] or ["python"]
 
     print("1. RSS after each import phase, in serve's order (MB; fresh interpreter)")
     measured = phases(PHASES + DEFERRED)

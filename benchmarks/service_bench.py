@@ -40,7 +40,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from aggregator.upstream.guard import descendants  # noqa: E402  (after the path insert)
+from aggregator.upstream import guard_build  # noqa: E402  (after the path insert)
+from aggregator.upstream.guard import descendants  # noqa: E402
 
 NODE = ROOT / ".ci" / "servers" / "node" / "node_modules" / "@modelcontextprotocol"
 PY_BIN = ROOT / ".ci" / "servers" / "py" / "bin"
@@ -148,15 +149,8 @@ def tree_rss(pids: list[int]) -> tuple[int, int]:
 
 def upstream_count(pids: list[int]) -> int:
     """Upstream server processes below `pids` (not `pids` themselves, nor the guards that wrap upstreams)."""
-    count = 0
-    for pid in {p for root in pids for p in descendants(root)} - set(pids):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if not any(word.endswith(b"guard.py") for word in argv):
-            count += 1
-    return count
+    below = {p for root in pids for p in descendants(root)} - set(pids)
+    return sum(1 for pid in below if Path(f"/proc/{pid}").exists() and guard_build.kind_of(pid) is None)
 
 
 def footprint(

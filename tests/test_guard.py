@@ -44,10 +44,10 @@ def guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> st
 
 
 def _is_guard(pid: int, kind: str) -> bool:
-    """`pid` runs the guard of that kind."""
-    if kind == "python":
-        return "guard.py" in Path(f"/proc/{pid}/cmdline").read_text()
-    return os.readlink(f"/proc/{pid}/exe") == str(guard_build.binary())
+    """`pid` runs the guard of that kind (the C one: this source's build)."""
+    if kind == "c" and os.readlink(f"/proc/{pid}/exe") != str(guard_build.binary()):
+        return False
+    return guard_build.kind_of(pid) == kind
 
 
 def _call(proc: subprocess.Popen[bytes], request_id: int, server: str, tool: str) -> dict[str, Any]:

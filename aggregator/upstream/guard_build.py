@@ -110,6 +110,17 @@ def built() -> Path | None:
     return path if path.is_file() and os.access(path, os.X_OK) else None
 
 
+def kind_of(pid: int) -> str | None:
+    """ "c" or "python" when process `pid` runs a guard (any build of it), else None (Linux, /proc)."""
+    try:
+        if Path(os.readlink(f"/proc/{pid}/exe")).name.startswith("guard-"):
+            return "c"
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return "python" if any(word.endswith(b"/guard.py") for word in argv) else None
+
+
 def python_choice(reason: str, fix: str = "") -> Choice:
     return Choice("python", (sys.executable, "-I", "-S", str(PYTHON_GUARD)), reason, fix)
 
