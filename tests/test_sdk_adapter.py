@@ -568,3 +568,31 @@ assert myplugin.seen, "the plugin was not loaded"
 print("ok")
 """
     _fresh(script)
+
+
+def test_defer_pickle_keeps_pickle_out_of_structlog_until_something_pickles() -> None:
+    """structlog's `_output` binds `PicklingError` at import; deferred, structlog logs without loading
+    pickle, a logger that refuses to be pickled raises the real `PicklingError`, and pickling works."""
+    _fresh("""
+import io, sys
+from aggregator.sdk import deferred
+assert deferred.defer_pickle()
+import aggregator.log  # structlog as serve imports it: without rich, which would import pickle itself
+import structlog
+
+def loaded(name):
+    return name in sys.modules and type(sys.modules[name]).__name__ != "_StandIn"
+
+out = io.StringIO()
+structlog.PrintLogger(out).msg("hello")
+assert out.getvalue() == "hello\\n" and not loaded("pickle") and "_pickle" not in sys.modules
+import pickle
+try:
+    structlog.PrintLogger(out).__getstate__()
+except Exception as exc:  # the real class, loaded by the placeholder's call
+    assert type(exc) is sys.modules["pickle"].PicklingError, type(exc)
+else:
+    raise AssertionError("a PrintLogger to a StringIO was pickled")
+assert pickle.loads(pickle.dumps({"a": 1})) == {"a": 1} and loaded("pickle")
+print("ok")
+""")

@@ -56,6 +56,7 @@ def test_serve_imports_no_cli_only_module_and_no_rich(tmp_path: Path) -> None:
     # importlib.metadata with email, zipfile, csv (1.3 MB): pydantic's plugin scan, with no plugin installed
     modules = set(found["modules"])  # type: ignore[arg-type]
     assert not modules & {"importlib.metadata", "email", "csv"}, modules
+    assert "pickle" not in modules, modules  # structlog's one name from it (0.2 MB)
     assert "ctypes" not in roots, roots  # its one C call, the heap's trim after start-up, goes through _ctypes
 
 

@@ -33,6 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from aggregator.sdk import deferred
 
                 deferred.defer_package_metadata()
+                deferred.defer_pickle()  # before structlog, which binds one name of it
             sdk.defer_wire_model_builds()  # before anything imports the SDK
             if serving:  # it builds no MCPServer: keep that package and cryptography out
                 deferred.defer_mcpserver()
