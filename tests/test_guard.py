@@ -567,3 +567,21 @@ def test_a_background_build_leaves_a_build_in_progress_to_its_builder(
         builder.thread.join(5)
         assert not builder.thread.is_alive() and guard_build.built() is None
     assert not list(fresh_cache.glob(".guard-*.tmp"))
+
+
+async def test_a_c_guard_that_does_not_start_falls_back_to_the_python_guard(
+    tmp_path: Path, fresh_cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The binary is there but cannot run (here: not a program; a cache remounted noexec is the same):
+    the upstream still starts, under the Python guard, and one log line says why."""
+    fresh_cache.mkdir(parents=True)
+    guard_build.binary().write_bytes(b"not a program\n")
+    guard_build.binary().chmod(0o700)
+    monkeypatch.setenv("AGGREGATOR_GUARD", "auto")
+    caplog.set_level("INFO", logger="aggregator")
+    config = parse_config(json.dumps({"upstreams": {"a": kit_upstream()}}), "test.yaml")
+    async with UpstreamPool.running(config, tmp_path) as pool:
+        await pool.call_tool("a", "echo", {"message": "x"})
+        assert guard_kind() == "python"
+    lines = [r.getMessage() for r in caplog.records if "does not start" in r.getMessage()]
+    assert len(lines) == 1, lines
