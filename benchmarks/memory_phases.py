@@ -38,6 +38,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # (label, code): each runs after the ones before it, in serve's order of first import.
 PHASES = [
+    (
+        "first deferrals (metadata, pickle), pydantic's package",
+        "from aggregator.sdk import deferred; deferred.defer_package_metadata(); deferred.defer_pickle()",
+    ),
     ("asyncio (with ssl and OpenSSL)", "import asyncio"),
     ("pydantic", "import pydantic; from pydantic import BaseModel, TypeAdapter"),
     (
@@ -60,6 +64,8 @@ PHASES = [
     ("uvloop", "import uvloop"),
 ]
 DEFERRED = [  # kept out of a stdio serve: what they would add
+    ("importlib.metadata (pydantic's plugin scan, a plugin installed)", "import importlib.metadata as m; m.version"),
+    ("pickle (structlog's PicklingError; anything pickling)", "import pickle; pickle.dumps"),
     (
         "the CLI's other subcommands, python-dotenv, difflib",
         "import aggregator.cli.auth, aggregator.cli.calls, aggregator.cli.clients, aggregator.cli.doctor,"
