@@ -81,7 +81,7 @@ _announced: set[str] = set()
 
 def _start_guard(theirs: socket.socket) -> tuple[guard_build.Choice, subprocess.Popen[bytes]]:
     """Start the guard `guard_build` chooses; the Python one if the C binary will not run (one log line).
-    The choice is logged once per process and kind."""
+    Each choice is logged once per process (at info: which guard and why)."""
     choice = guard_build.choose(start_build=True)
     try:
         process = _start(choice, theirs)
