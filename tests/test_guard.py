@@ -569,19 +569,135 @@ def test_a_background_build_leaves_a_build_in_progress_to_its_builder(
     assert not list(fresh_cache.glob(".guard-*.tmp"))
 
 
-async def test_a_c_guard_that_does_not_start_falls_back_to_the_python_guard(
-    tmp_path: Path, fresh_cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The binary is there but cannot run (here: not a program; a cache remounted noexec is the same):
-    the upstream still starts, under the Python guard, and one log line says why."""
+def _plant(fresh_cache: Path, content: bytes, mode: int = 0o700) -> Path:
+    """A file where the C guard's binary goes, in a cache directory as the build makes it."""
     fresh_cache.mkdir(parents=True)
-    guard_build.binary().write_bytes(b"not a program\n")
-    guard_build.binary().chmod(0o700)
-    monkeypatch.setenv("AGGREGATOR_GUARD", "auto")
-    caplog.set_level("INFO", logger="aggregator")
-    config = parse_config(json.dumps({"upstreams": {"a": kit_upstream()}}), "test.yaml")
+    fresh_cache.chmod(0o700)
+    path = guard_build.binary()
+    path.write_bytes(content)
+    path.chmod(mode)
+    return path
+
+
+async def _first_guard_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str = "auto") -> list[str]:
+    """The kind of guard two upstreams, one after the other, run under (the second: after a fall-back)."""
+    monkeypatch.setenv("AGGREGATOR_GUARD", mode)
+    config = parse_config(json.dumps({"upstreams": {"a": kit_upstream(), "b": kit_upstream()}}), "test.yaml")
+    kinds = []
     async with UpstreamPool.running(config, tmp_path) as pool:
-        await pool.call_tool("a", "echo", {"message": "x"})
-        assert guard_kind() == "python"
+        for name in ("a", "b"):
+            await pool.call_tool(name, "echo", {"message": "x"})
+            kinds.append(str(guard_kind()))
+    return kinds
+
+
+@pytest.mark.parametrize("content", [b"not a program\n", b""], ids=["not-a-program", "empty"])
+async def test_a_c_guard_that_does_not_start_falls_back_to_the_python_guard(
+    tmp_path: Path,
+    fresh_cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    content: bytes,
+) -> None:
+    """The binary is there but cannot run (here: not a program, or empty as a crash during its build could
+    leave it; a cache remounted noexec is the same): the upstream still starts, under the Python guard,
+    one log line says why, and the binary is removed so that the next build makes a good one."""
+    _plant(fresh_cache, content)
+    caplog.set_level("INFO", logger="aggregator")
+    assert await _first_guard_kind(tmp_path, monkeypatch) == ["python", "python"]
     lines = [r.getMessage() for r in caplog.records if "does not start" in r.getMessage()]
     assert len(lines) == 1, lines
+    assert not guard_build.binary().exists()
+    assert not list(fresh_cache.glob("*.failed"))  # rebuilt by the next start, not given up on
+
+
+EXITS_AT_ONCE = b"""#!/bin/sh
+echo "$0: /lib/x86_64-linux-gnu/libc.so.6: version 'GLIBC_2.99' not found" >&2
+exit 1
+"""
+
+
+async def test_a_c_guard_that_exits_before_its_first_answer_falls_back_to_the_python_guard(
+    tmp_path: Path, fresh_cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It starts, then exits at once (a dynamically linked guard on a host with an older glibc): the
+    upstream starts under the Python guard, which runs for the rest of the process; one log line; the
+    failure marker keeps later starts from building it again with the same compiler."""
+    _needs_compiler()
+    _plant(fresh_cache, EXITS_AT_ONCE)
+    caplog.set_level("INFO", logger="aggregator")
+    assert await _first_guard_kind(tmp_path, monkeypatch, "c") == ["python", "python"]
+    lines = [r.getMessage() for r in caplog.records if "does not start" in r.getMessage()]
+    assert len(lines) == 1 and "exited at once" in lines[0], lines
+    assert not guard_build.binary().exists() and list(fresh_cache.glob("*.failed"))
+    choice = guard_build.choose(start_build=True)
+    assert choice.kind == "python" and "does not start" in choice.reason
+
+
+def test_the_binary_is_keyed_by_the_c_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dynamically linked guard built under one glibc is never run under another (a home shared by two hosts)."""
+    ours = guard_build.source_key()
+    try:
+        guard_build.source_key.cache_clear()
+        with monkeypatch.context() as patch:
+            patch.setattr(guard_build, "libc", lambda: "glibc 2.17")
+            assert guard_build.source_key() != ours
+    finally:
+        guard_build.source_key.cache_clear()
+    assert guard_build.libc() == os.confstr("CS_GNU_LIBC_VERSION")
+
+
+def test_guard_c_checks_the_failure_marker_and_builds_at_most_once_per_process(
+    tmp_path: Path, fresh_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AGGREGATOR_GUARD=c builds at a start that finds no binary (the start waits for it), but a compiler
+    that failed is not run again (its marker), and one that hangs is waited for once, not once per flag set."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "fake-cc"
+    fake.write_text(f"#!/bin/sh\necho run >> {calls}\necho 'cc1: broken' >&2; exit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    monkeypatch.setenv("AGGREGATOR_GUARD", "c")
+    for _ in range(3):
+        choice = guard_build.choose(start_build=True)
+        assert choice.kind == "python" and "failed to build" in choice.reason, choice
+    assert len(calls.read_text().splitlines()) == len(guard_build.CFLAGS)  # one build; later starts read the marker
+    (fresh_cache / f"guard-{guard_build.source_key()}.failed").unlink()
+    fake.write_text(f"#!/bin/sh\necho run >> {calls}\nexec sleep 300\n")  # a new compiler: tried, and it hangs
+    calls.unlink()
+    monkeypatch.setattr(guard_build, "BUILD_TIMEOUT_SECONDS", 0.5)
+    monkeypatch.setattr(guard_build, "_built_now", set())
+    started = time.monotonic()
+    assert guard_build.choose(start_build=True).kind == "python"
+    assert guard_build.choose(start_build=True).kind == "python"
+    assert time.monotonic() - started < 5 and len(calls.read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize("planted", ["group-writable", "symlink", "folder-writable"])
+def test_a_planted_binary_is_not_run(
+    tmp_path: Path, fresh_cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, planted: str
+) -> None:
+    """A guard binary someone else could have written (group or others may write it or its directory, or
+    it is a symlink) is never run: the Python guard runs, one warning says why."""
+    evidence = tmp_path / "ran"
+    program = f"#!/bin/sh\ntouch {evidence}\nexit 1\n".encode()
+    if planted == "symlink":
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.write_bytes(program)
+        elsewhere.chmod(0o700)
+        _plant(fresh_cache, b"").unlink()
+        guard_build.binary().symlink_to(elsewhere)
+    else:
+        _plant(fresh_cache, program, 0o720 if planted == "group-writable" else 0o700)
+        if planted == "folder-writable":
+            fresh_cache.chmod(0o777)
+    monkeypatch.setenv("AGGREGATOR_GUARD", "auto")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no compiler: nothing rebuilds it meanwhile
+    monkeypatch.setenv("CC", "")
+    caplog.set_level("INFO", logger="aggregator")
+    for _ in range(2):
+        assert guard_build.built() is None
+        assert guard_build.choose(start_build=True).kind == "python"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "C guard not used" in warnings[0], warnings
+    assert not evidence.exists()

@@ -22,6 +22,7 @@ import hashlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -45,6 +46,7 @@ CFLAGS = (("-O2", "-s", "-static"), ("-O2", "-s"))
 BUILD_DELAY_SECONDS = 2.0  # the background build waits until the start-up is done
 BUILD_TIMEOUT_SECONDS = 120.0
 CHECK_TIMEOUT_SECONDS = 10.0
+TIMED_OUT = "timed out after"
 STALE_TEMP_SECONDS = 600.0  # a temp file this old is a build that was killed: removed by the next build
 
 
@@ -65,10 +67,21 @@ def mode() -> str:
 
 
 @cache
+def libc() -> str:
+    """The C library this process runs on ("glibc 2.36"); "" where it does not say (musl)."""
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):
+        return ""
+
+
+@cache
 def source_key() -> str:
-    """What the binary's name is keyed by: the source and the machine it is built for."""
+    """What the binary's name is keyed by: the source, the machine and the C library it is built for (a
+    dynamically linked guard built on a newer glibc does not start on an older one: a home shared by
+    two hosts gets one binary per libc)."""
     digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update(os.uname().machine.encode())
+    digest.update(f"\0{os.uname().machine}\0{libc()}".encode())
     return digest.hexdigest()[:16]
 
 
@@ -105,9 +118,73 @@ def _compiler_identity(path: str) -> str:
     return f"{path} {info.st_size} {info.st_mtime_ns}"
 
 
+_distrusted: set[tuple[str, str]] = set()  # (path, why) already logged by this process
+
+
+def _untrusted(path: Path, *, directory: bool) -> str | None:
+    """Why `path` may not be trusted to run a program from (planted by someone else), or None: it must
+    be ours, not a symlink, not writable by group or others (lstat: a symlink is never followed)."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        return "it is a symlink"
+    if info.st_uid != os.getuid():
+        return f"it belongs to uid {info.st_uid}, not to this user"
+    if info.st_mode & 0o022:
+        return f"group or others may write it (mode {stat.S_IMODE(info.st_mode):o})"
+    if not (stat.S_ISDIR(info.st_mode) if directory else stat.S_ISREG(info.st_mode)):
+        return "it is not a directory" if directory else "it is not a regular file"
+    return None
+
+
+def _distrust(path: Path, why: str) -> None:
+    if (str(path), why) not in _distrusted:
+        _distrusted.add((str(path), why))
+        log.warning("C guard not used: the Python guard runs", path=str(path), reason=why)
+
+
+def trusted_folder(folder: Path) -> bool:
+    """The cache directory may hold a guard we run (one log line, once, when not)."""
+    try:
+        why = _untrusted(folder, directory=True)
+    except OSError:
+        return False
+    if why is not None:
+        _distrust(folder, why)
+    return why is None
+
+
 def built() -> Path | None:
+    """The C guard of this source, when it is built and can be trusted (see `_untrusted`), else None."""
     path = binary()
-    return path if path.is_file() and os.access(path, os.X_OK) else None
+    try:
+        why = _untrusted(path, directory=False)
+    except OSError:
+        return None
+    if why is None and not os.access(path, os.X_OK):
+        why = "it is not executable"
+    if why is not None or not trusted_folder(path.parent):
+        if why is not None:
+            _distrust(path, why)
+        return None
+    return path
+
+
+_unusable: dict[str, str] = {}  # binary -> why it did not start in this process
+
+
+def did_not_start(path: str, reason: str, *, ran: bool) -> Choice:
+    """The C guard at `path` did not start: the Python guard runs for the rest of this process. The binary
+    is removed, so a broken one (a crash left it empty) is built again; one that ran but exited before
+    its first answer (a libc it cannot load) also leaves the failure marker, so later starts do not
+    build it again with the same compiler. The caller logs the returned choice (one line)."""
+    _unusable[path] = reason
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    cc = compiler()
+    if ran and cc is not None:
+        with contextlib.suppress(OSError):
+            _failed_marker().write_text(f"{_compiler_identity(cc)}\n{reason}\n")
+    return python_choice(reason)
 
 
 def kind_of(pid: int) -> str | None:
@@ -133,7 +210,9 @@ def choose(*, start_build: bool) -> Choice:
         return python_choice("AGGREGATOR_GUARD=python")
     if sys.platform != "linux":
         return python_choice("the C guard is Linux-only")
-    path = built() or (build() if wanted == "c" and start_build else None)
+    if str(binary()) in _unusable:
+        return python_choice(_unusable[str(binary())], "see the log line above it")
+    path = built()
     if path is not None:
         return Choice("c", (str(path),), f"built at {path}")
     cc = compiler()
@@ -145,12 +224,29 @@ def choose(*, start_build: bool) -> Choice:
     if failed is not None:
         return python_choice(f"the C guard failed to build with {cc}: {failed}", f"once that is fixed, {again}")
     if wanted == "c":
+        if start_build and _build_now_once():
+            return choose(start_build=False)
         reason = "AGGREGATOR_GUARD=c, but the C guard is not built yet"
         return python_choice(reason, f"the next start builds it, or {again}")
     if start_build:
         _builder.start()
     reason = f"the C guard is not built yet: the next start builds it in the background with {cc}"
     return python_choice(reason, f"none needed, or {again}")
+
+
+_built_now: set[str] = set()  # binaries this process built at a guard's start (AGGREGATOR_GUARD=c)
+_built_now_lock = threading.Lock()
+
+
+def _build_now_once() -> bool:
+    """Build at a guard's start, once per process and binary: a failure is not tried again at every
+    start, which waits for it (it left its marker, or it was a lock or cache problem)."""
+    with _built_now_lock:
+        if str(binary()) in _built_now:
+            return False
+        _built_now.add(str(binary()))
+    build()
+    return True
 
 
 def _read_failure(cc: str) -> str | None:
@@ -179,6 +275,8 @@ def build(stop: threading.Event | None = None, running: list[subprocess.Popen[by
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(folder, 0o700)
+        if not trusted_folder(folder):  # a guard built there would not be run
+            return None
         with open(folder / ".build.lock", "a") as lock:
             if not _locked(lock, stop):  # another builder: a background build leaves it to that one
                 return built()
@@ -213,15 +311,17 @@ def _compile(
         for flags in CFLAGS:
             command = [cc, *flags, f'-DGUARD_SOURCE_HASH="{key}"', "-o", str(temp), str(SOURCE)]
             reason = _run(command, BUILD_TIMEOUT_SECONDS, stop, running) or _check(temp, key)
-            if reason is None or (stop is not None and stop.is_set()):
-                break
+            if reason is None or (stop is not None and stop.is_set()) or reason.startswith(TIMED_OUT):
+                break  # a compiler that hangs is not waited for twice
         if reason is not None:
             if stop is None or not stop.is_set():
                 log.warning("C guard not built; the Python guard runs", compiler=cc, reason=reason)
                 _failed_marker().write_text(f"{_compiler_identity(cc)}\n{reason}\n")
             return None
         os.chmod(temp, 0o700)
+        _fsync(temp)  # a crash after the rename must not leave an empty binary behind
         os.replace(temp, binary())
+        _fsync(folder)
         log.info("C guard built", path=str(binary()))
         return binary()
     finally:
@@ -250,7 +350,7 @@ def _run(
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(process)
-        return f"timed out after {timeout:.0f} s"
+        return f"{TIMED_OUT} {timeout:.0f} s"
     finally:
         if running is not None:
             running.remove(process)
@@ -271,6 +371,14 @@ def _check(temp: Path, key: str) -> str | None:
     if done.stdout.decode(errors="replace").strip() != f"aggregator-guard {key}":
         return f"the built guard does not answer --version as expected (exit code {done.returncode})"
     return None
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:

@@ -45,6 +45,10 @@ class _Retired(Exception):
     """This guard was told to go (its last upstream exited): ask a new one."""
 
 
+class _DidNotStart(GuardError):
+    """The C guard exited before its first answer: ask again, the Python guard runs now."""
+
+
 def encode_request(ident: int, argv: list[str], env: Mapping[str, str], cwd: str | None) -> bytes:
     """A spawn request in the guards' wire format (`guard.py`); `GuardError` for what no exec could take."""
     fields = [b"i%d" % ident]
@@ -80,15 +84,17 @@ _announced: set[str] = set()
 
 
 def _start_guard(theirs: socket.socket) -> tuple[guard_build.Choice, subprocess.Popen[bytes]]:
-    """Start the guard `guard_build` chooses; the Python one if the C binary will not run (one log line).
-    Each choice is logged once per process (at info: which guard and why)."""
+    """Start the guard `guard_build` chooses; the Python one if the C binary will not run (one log line;
+    one that runs but exits at once is caught by `_Guard._read`). Each choice is logged once per process
+    (at info: which guard and why)."""
     choice = guard_build.choose(start_build=True)
     try:
         process = _start(choice, theirs)
     except OSError as exc:
         if choice.kind == "python":
             raise
-        choice = guard_build.python_choice(f"the C guard {choice.command[0]} does not start: {exc.strerror or exc}")
+        reason = f"the C guard {choice.command[0]} does not start: {exc.strerror or exc}"
+        choice = guard_build.did_not_start(choice.command[0], reason, ran=False)
         process = _start(choice, theirs)
     if choice.reason not in _announced:
         _announced.add(choice.reason)
@@ -116,13 +122,16 @@ class _Guard:
         self.processes: dict[int, GuardedProcess | None] = {}  # None: spawned, not registered yet
         self.early_exits: dict[int, int] = {}  # exits reported before their process was registered
         self.alive = True
+        self.answered = False  # a C guard that exits before its first answer did not start
+        self.died = GuardError("the guard process has exited")  # what a spawn on a dead guard raises
+        self.closed = threading.Event()  # set when the reader saw the guard go
         self.retired = False  # told to go once idle (not dead)
         threading.Thread(target=self._read, name="aggregator-guard", daemon=True).start()
 
     def spawn(self, argv: list[str], env: Mapping[str, str], cwd: str | None, fds: list[int]) -> int:
         with self.lock:
             if not self.alive:
-                raise _Retired if self.retired else GuardError("the guard process has exited")
+                raise _Retired if self.retired else self.died
             self.next_id += 1
             ident = self.next_id
             try:
@@ -132,11 +141,16 @@ class _Guard:
                 raise
             answer: Future[int] = Future()
             self.pending[ident] = answer
+            failed: OSError | None = None
             try:
                 socket.send_fds(self.sock, [request], fds)
-            except OSError:
+            except OSError as exc:
                 self.pending.pop(ident, None)
-                raise
+                failed = exc
+        if failed is not None:  # the guard is gone: its reader says whether it ever started
+            if self.closed.wait(10) and isinstance(self.died, _DidNotStart):
+                raise self.died from failed
+            raise failed
         return answer.result()
 
     def register(self, process: GuardedProcess) -> None:
@@ -156,6 +170,20 @@ class _Guard:
             with suppress(OSError):
                 self.sock.shutdown(socket.SHUT_WR)  # the guard reads end-of-file, ends what is left, exits
 
+    def _did_not_start(self) -> _DidNotStart | None:
+        """A C guard that exited before answering anything (a libc it cannot load: "GLIBC_2.34 not found"):
+        the Python guard runs from now on, and the request is asked again (`_spawn`)."""
+        if self.answered or self.choice.kind != "c" or self.retired:
+            return None
+        try:
+            code = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return None
+        path = self.choice.command[0]
+        reason = f"the C guard {path} does not start: it exited at once (exit code {code}; its stderr says why)"
+        guard_build.did_not_start(path, reason, ran=True)
+        return _DidNotStart(reason)
+
     def _read(self) -> None:
         while True:
             try:
@@ -164,6 +192,7 @@ class _Guard:
                 data = b""
             if not data:
                 break
+            self.answered = True
             message = decode_answer(data)
             try:
                 numbers = {tag: int(message[tag]) for tag in ("i", "p", "x", "c") if tag in message}
@@ -189,10 +218,13 @@ class _Guard:
                     answer.set_result(numbers["p"])
                 else:
                     answer.set_exception(GuardError(message.get("r", "the guard refused")))
+        died = self._did_not_start()
         with self.lock:  # the guard died: its upstreams died with it (PR_SET_PDEATHSIG)
             self.alive = False
+            if died is not None:
+                self.died = died
             for answer in self.pending.values():
-                answer.set_exception(GuardError("the guard process has exited"))
+                answer.set_exception(self.died)
             for pid, process in self.processes.items():
                 if process is not None:
                     process.exited(128 + signal.SIGKILL)
@@ -200,6 +232,7 @@ class _Guard:
                     self.early_exits[pid] = 128 + signal.SIGKILL
             self.pending.clear()
             self.processes.clear()
+        self.closed.set()
         with suppress(OSError):
             self.sock.close()
         with suppress(OSError):
@@ -377,5 +410,5 @@ def _spawn(argv: list[str], env: Mapping[str, str], cwd: str | None, fds: list[i
         guard = _guard()
         try:
             return guard, guard.spawn(argv, env, cwd, fds)
-        except _Retired:
+        except (_Retired, _DidNotStart):
             continue
