@@ -246,6 +246,80 @@ def test_nothing_outlives_kill_9_of_the_aggregator_not_even_a_daemon(tmp_path: P
     assert _gone_within([upstream_pid, daemon, guard_process]) == []
 
 
+FORKS_IN_ITS_GRACE = """
+import os, signal, sys
+pid_file, rest = sys.argv[1], sys.argv[2:]
+if os.fork() == 0:  # an orphan-to-be in its own session; on SIGTERM it forks a child and exits
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in range(3):
+        os.dup2(null, fd)
+
+    def fork_and_go(_signum, _frame):
+        if os.fork() == 0:  # left to the guard, below no process it is ending; deaf to SIGTERM
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            with open(pid_file + ".tmp", "w") as fh:
+                fh.write(str(os.getpid()))
+            os.replace(pid_file + ".tmp", pid_file)
+            os.execvp("sleep", ["sleep", "300"])
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, fork_and_go)
+    while True:
+        signal.pause()
+os.execv(sys.executable, [sys.executable, *rest])
+"""
+
+
+def test_an_orphan_that_forks_during_its_grace_leaves_nothing_behind(tmp_path: Path, guard: str) -> None:
+    """The guard ends an exited upstream's orphan (SIGTERM, a grace, SIGKILL); the orphan forks on SIGTERM
+    and exits, so its child is the guard's, below nothing being ended: it is found and ended too, while
+    the aggregator and another upstream go on."""
+    pid_file = tmp_path / "forked.pid"
+    kit = kit_upstream()
+    upstream = {"command": sys.executable, "args": ["-c", FORKS_IN_ITS_GRACE, str(pid_file), *kit["args"]]}
+    proc = spawn_raw_aggregator(write_config(tmp_path, {"a": upstream, "b": kit_upstream()}), AGGREGATOR_GUARD=guard)
+    try:
+        b = _pid_of(proc, 1, "b")
+        a = _pid_of(proc, 2, "a")
+        assert _call(proc, 3, "a", "crash")["result"]["isError"] is True
+        deadline = time.monotonic() + 10
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        forked = int(pid_file.read_text())
+        assert _gone_within([a, forked], 5) == []
+        assert alive(b) and _pid_of(proc, 4, "b") == b
+    finally:
+        assert proc.stdin
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def test_the_python_guard_does_not_end_a_pid_no_longer_below_it() -> None:
+    """A doomed pid that ended and was reused by an unrelated process when its grace is over: the guard
+    kills only what is still below it (here the "reused" pid is a process outside its tree: the guard
+    runs in a process of its own, the stranger is this test's child)."""
+    stranger = subprocess.Popen(["sleep", "30"])
+    script = (
+        "import sys, time, _socket; sys.path.insert(0, sys.argv[1]); import guard; "
+        "keeper = guard.Guard(_socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)); "
+        "keeper.ending.append((0.0, [int(sys.argv[2])])); keeper.finish_ending(); print(keeper.ending)"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", script, str(guard_client.GUARD.parent), str(stranger.pid)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+        time.sleep(0.1)
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
 # ---------------------------------------------------------------- the wire, from an attacker's side
 
 

@@ -64,6 +64,7 @@ static size_t n_endings, cap_endings;
 
 struct proc {
     pid_t pid, ppid, sid;
+    char state; /* 'Z': a zombie, which can neither fork nor be ended again */
 };
 
 struct pids {
@@ -192,7 +193,7 @@ static void free_request(struct request *req) {
 
 /* ---------------------------------------------------------------- /proc */
 
-static int read_stat(pid_t pid, pid_t *ppid, pid_t *sid) {
+static int read_stat(pid_t pid, char *state, pid_t *ppid, pid_t *sid) {
     char path[64], stat[1024];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -203,7 +204,7 @@ static int read_stat(pid_t pid, pid_t *ppid, pid_t *sid) {
     stat[got] = 0;
     char *close_paren = strrchr(stat, ')'); /* the name may hold anything, even ')' */
     int p, s;
-    if (close_paren == NULL || sscanf(close_paren + 1, " %*c %d %*d %d", &p, &s) != 2) return 0;
+    if (close_paren == NULL || sscanf(close_paren + 1, " %c %d %*d %d", state, &p, &s) != 3) return 0;
     *ppid = p;
     *sid = s;
     return 1;
@@ -221,8 +222,8 @@ static struct proc *processes(size_t *n) {
         char *end;
         long pid = strtol(entry->d_name, &end, 10);
         if (*end != 0 || pid <= 0) continue;
-        struct proc item = {(pid_t)pid, 0, 0};
-        if (!read_stat(item.pid, &item.ppid, &item.sid)) continue;
+        struct proc item = {(pid_t)pid, 0, 0, 0};
+        if (!read_stat(item.pid, &item.state, &item.ppid, &item.sid)) continue;
         if (grow((void **)&all, &cap, *n, sizeof *all)) all[(*n)++] = item;
     }
     closedir(dir);
@@ -237,6 +238,12 @@ static void descendants(pid_t root, const struct proc *all, size_t n, struct pid
     for (size_t next = start; next < out->n; next++) /* out grows as it is walked: breadth first */
         for (size_t i = 0; i < n; i++)
             if (all[i].ppid == out->at[next] && all[i].pid != root) pids_add(out, all[i].pid);
+}
+
+static int pids_has(const struct pids *list, pid_t pid) {
+    for (size_t i = 0; i < list->n; i++)
+        if (list->at[i] == pid) return 1;
+    return 0;
 }
 
 static void kill_all(const struct pids *list, int sig) {
@@ -382,15 +389,17 @@ static int exit_code(int status) {
     return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
 }
 
-/* SIGTERM the orphans no live upstream owns (by session, else by marker), SIGKILL them after a grace. */
-static void end_strays(void) {
+/* SIGTERM the orphans no live upstream owns (by session, else by marker), SIGKILL them after a grace;
+ * `spared`: pids just sent SIGKILL (not ended twice). */
+static void end_strays(const struct pids *spared) {
     size_t n;
     struct proc *all = processes(&n);
     struct pids doomed = {0};
     pid_t self = getpid();
     for (size_t i = 0; i < n; i++) {
-        if (all[i].ppid != self || is_leader(all[i].pid)) continue;
-        if (is_leader(all[i].sid) || marked_by_leader(all[i].pid)) continue;
+        if (all[i].ppid != self || all[i].state == 'Z' || is_leader(all[i].pid)) continue;
+        if ((spared != NULL && pids_has(spared, all[i].pid)) || is_leader(all[i].sid)) continue;
+        if (marked_by_leader(all[i].pid)) continue;
         pids_add(&doomed, all[i].pid);
         descendants(all[i].pid, all, n, &doomed);
     }
@@ -422,12 +431,17 @@ static void collect(void) {
             break;
         }
     }
-    if (exited) end_strays();
+    if (exited) end_strays(NULL);
 }
 
-/* SIGKILL what is left of the trees whose grace is over. */
+/* SIGKILL what is left of the trees whose grace is over: only pids still below the guard (one that
+ * ended, was reaped and was reused by another process is not ours). Then look for strays again: a
+ * process of a doomed tree that forked during its grace and exited left its child to the guard, no
+ * longer below any doomed pid. */
 static void finish_ending(void) {
     long long now = now_ms();
+    struct pids killed = {0};
+    int due = 0;
     for (size_t i = 0; i < n_endings;) {
         if (endings[i].deadline > now) {
             i++;
@@ -435,17 +449,22 @@ static void finish_ending(void) {
         }
         size_t n;
         struct proc *all = processes(&n);
-        struct pids doomed = {0};
+        struct pids below = {0};
+        descendants(getpid(), all, n, &below);
         for (size_t j = 0; j < endings[i].n; j++) {
-            pids_add(&doomed, endings[i].pids[j]);
-            descendants(endings[i].pids[j], all, n, &doomed);
+            if (!pids_has(&below, endings[i].pids[j]) || pids_has(&killed, endings[i].pids[j])) continue;
+            pids_add(&killed, endings[i].pids[j]);
+            descendants(endings[i].pids[j], all, n, &killed);
         }
         free(all);
-        kill_all(&doomed, SIGKILL);
-        free(doomed.at);
+        free(below.at);
         free(endings[i].pids);
         endings[i] = endings[--n_endings];
+        due = 1;
     }
+    kill_all(&killed, SIGKILL);
+    if (due) end_strays(&killed);
+    free(killed.at);
 }
 
 static int poll_timeout(void) {
@@ -457,31 +476,27 @@ static int poll_timeout(void) {
     return left < 0 ? 0 : (int)left;
 }
 
-/* SIGTERM everything below the guard, wait a little, SIGKILL what is left, reap. */
+/* SIGTERM everything below the guard, wait a little, then SIGKILL what is left, again at every look
+ * (what forked since the last one is ended too) until nothing is left or KILL_WAIT_MS has passed; reap. */
 static void end_tree(void) {
-    static const int sigs[] = {SIGTERM, SIGKILL};
     pid_t self = getpid();
-    for (int round = 0; round < 2; round++) {
+    long long term_end = now_ms() + TERM_GRACE_MS, kill_end = term_end + KILL_WAIT_MS;
+    int sig = SIGTERM;
+    for (;;) {
+        while (waitpid(-1, NULL, WNOHANG) > 0) {
+        }
         size_t n;
         struct proc *all = processes(&n);
         struct pids below = {0};
         descendants(self, all, n, &below);
         free(all);
-        kill_all(&below, sigs[round]);
+        long long now = now_ms();
+        if (sig == SIGTERM || now >= term_end) kill_all(&below, now >= term_end ? SIGKILL : sig);
+        sig = 0; /* SIGTERM once; SIGKILL at every look after the grace */
+        size_t left = below.n;
         free(below.at);
-        long long deadline = now_ms() + (round == 0 ? TERM_GRACE_MS : KILL_WAIT_MS);
-        while (now_ms() < deadline) {
-            while (waitpid(-1, NULL, WNOHANG) > 0) {
-            }
-            all = processes(&n);
-            below = (struct pids){0};
-            descendants(self, all, n, &below);
-            free(all);
-            size_t left = below.n;
-            free(below.at);
-            if (left == 0) return;
-            sleep_ms(20);
-        }
+        if (left == 0 || now >= kill_end) return;
+        sleep_ms(20);
     }
 }
 

@@ -85,7 +85,9 @@ def _recv_fds(sock: _socket.socket, size: int, most: int) -> tuple[bytes, list[i
     return data, fds, bool(flags & _socket.MSG_TRUNC)
 
 
-def _children_map() -> dict[int, list[int]]:
+def _children_map(zombies: set[int] | None = None) -> dict[int, list[int]]:
+    """Parent → children, from /proc; `zombies` receives the pids of zombies (they can neither fork nor
+    be ended again)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -95,8 +97,10 @@ def _children_map() -> dict[int, list[int]]:
                 stat = fh.read()
         except OSError:
             continue
-        ppid = int(stat.rsplit(b")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+        fields = stat.rsplit(b")", 1)[1].split()
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        if zombies is not None and fields[0] == b"Z":
+            zombies.add(int(entry))
     return children
 
 
@@ -135,15 +139,19 @@ def _kill(pids: list[int], sig: int) -> None:
 
 
 def end_tree(root: int) -> None:
-    """SIGTERM everything below `root`, wait a little, SIGKILL what is left, reap."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        _kill(descendants(root), sig)
-        deadline = time.monotonic() + (TERM_GRACE_SECONDS if sig == signal.SIGTERM else 1.0)
-        while time.monotonic() < deadline:
-            _reap()
-            if not descendants(root):
-                return
-            time.sleep(0.02)
+    """SIGTERM everything below `root`, wait a little, then SIGKILL what is left, again at every look (what
+    forked since the last one is ended too) until nothing is left or a second has passed; reap."""
+    term_end = time.monotonic() + TERM_GRACE_SECONDS
+    _kill(descendants(root), signal.SIGTERM)
+    while True:
+        _reap()
+        below = descendants(root)
+        now = time.monotonic()
+        if not below or now >= term_end + 1.0:
+            return
+        if now >= term_end:
+            _kill(below, signal.SIGKILL)
+        time.sleep(0.02)
 
 
 def _owner(pid: int, leaders: dict[int, str]) -> int | None:
@@ -248,9 +256,13 @@ class Guard:
         if exited:
             self.end_strays()
 
-    def end_strays(self) -> None:
-        children = _children_map()
-        strays = [pid for pid in children.get(os.getpid(), []) if pid not in self.leaders]
+    def end_strays(self, spared: set[int] | frozenset[int] = frozenset()) -> None:
+        """SIGTERM the orphans no live upstream owns, SIGKILL them after a grace; `spared`: pids just sent
+        SIGKILL (not ended twice)."""
+        zombies: set[int] = set()
+        children = _children_map(zombies)
+        skip = zombies | set(spared) | set(self.leaders)
+        strays = [pid for pid in children.get(os.getpid(), []) if pid not in skip]
         doomed: list[int] = []
         for pid in strays:
             if _owner(pid, self.leaders) is None:
@@ -260,14 +272,21 @@ class Guard:
             self.ending.append((time.monotonic() + TERM_GRACE_SECONDS, doomed))
 
     def finish_ending(self) -> None:
-        """SIGKILL what is left of the trees whose grace is over; `collect` reaps them (it alone reaps
-        while serving, so no upstream's exit is ever collected without being reported)."""
+        """SIGKILL what is left of the trees whose grace is over: only pids still below the guard (one that
+        ended, was reaped and was reused by another process is not ours); `collect` reaps them (it alone
+        reaps while serving, so no upstream's exit is ever collected without being reported). Then look
+        for strays again: a doomed process that forked during its grace and exited left its child to
+        the guard, no longer below any doomed pid."""
         now = time.monotonic()
         due = [pids for deadline, pids in self.ending if deadline <= now]
         self.ending = [(deadline, pids) for deadline, pids in self.ending if deadline > now]
-        for pids in due:
-            children = _children_map()
-            _kill([pid for root in pids for pid in (root, *descendants(root, children))], signal.SIGKILL)
+        if not due:
+            return
+        children = _children_map()
+        below = set(descendants(os.getpid(), children))
+        killed = {pid for pids in due for root in pids if root in below for pid in (root, *descendants(root, children))}
+        _kill(sorted(killed), signal.SIGKILL)
+        self.end_strays(killed)
 
     def timeout(self) -> float | None:
         if not self.ending:
