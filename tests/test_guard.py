@@ -775,3 +775,39 @@ def test_a_planted_binary_is_not_run(
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "C guard not used" in warnings[0], warnings
     assert not evidence.exists()
+
+
+def test_a_background_build_ended_while_its_compiler_starts_kills_it(
+    tmp_path: Path, fresh_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The aggregator exits (`end`) between the compiler's start and its being held by the build's owner:
+    the compiler is killed all the same, and the build returns at once."""
+    slow = tmp_path / "slow-cc"
+    slow.write_text("#!/bin/sh\nexec sleep 300\n")
+    slow.chmod(0o755)
+    monkeypatch.setenv("CC", str(slow))
+    builder = guard_build._Builder()
+    monkeypatch.setattr(guard_build, "_builder", builder)
+    monkeypatch.setattr(guard_build, "BUILD_DELAY_SECONDS", 0.0)
+    started: list[subprocess.Popen[bytes]] = []
+    real_popen = subprocess.Popen
+
+    def ended_meanwhile(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        process = real_popen(*args, **kwargs)
+        started.append(process)
+        import threading
+
+        threading.Thread(target=builder.end, args=(10.0,), daemon=True).start()
+        builder.stop.wait(5)
+        time.sleep(0.2)  # `end` has looked at what the build holds: nothing yet
+        return process
+
+    monkeypatch.setattr(guard_build.subprocess, "Popen", ended_meanwhile)
+    guard_build.choose(start_build=True)
+    assert builder.thread is not None
+    builder.thread.join(5)
+    monkeypatch.undo()
+    assert not builder.thread.is_alive(), "the build waits for a compiler nobody kills"
+    (compiling,) = started
+    assert compiling.poll() is not None
+    assert not list(fresh_cache.glob(".guard-*.tmp")) and not list(fresh_cache.glob("*.failed"))

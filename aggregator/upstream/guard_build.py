@@ -260,12 +260,12 @@ def _read_failure(cc: str) -> str | None:
     return reason.strip() or "unknown"
 
 
-def build(stop: threading.Event | None = None, running: list[subprocess.Popen[bytes]] | None = None) -> Path | None:
+def build(owner: _Builder | None = None) -> Path | None:
     """Build the C guard now unless it is built; its path, or None (one log line says why).
 
     Concurrent builds, in this process or others, are safe: one takes the lock, another waits for it
-    and then finds the binary (a background one does not wait: the next start finds it). `stop` ends
-    the build early; `running` receives the compiler's process while it runs, for whoever must kill it.
+    and then finds the binary (a background one does not wait: the next start finds it). `owner`, the
+    background build's, can end it early: it holds the compiler's process while it runs and kills it.
     """
     cc = compiler()
     if cc is None:
@@ -278,17 +278,17 @@ def build(stop: threading.Event | None = None, running: list[subprocess.Popen[by
         if not trusted_folder(folder):  # a guard built there would not be run
             return None
         with open(folder / ".build.lock", "a") as lock:
-            if not _locked(lock, stop):  # another builder: a background build leaves it to that one
+            if not _locked(lock, owner):  # another builder: a background build leaves it to that one
                 return built()
-            return built() or _compile(cc, folder, stop, running)
+            return built() or _compile(cc, folder, owner)
     except OSError as exc:
         log.warning("C guard not built", reason=f"{folder}: {exc.strerror or exc}")
         return None
 
 
-def _locked(lock: IO[str], stop: threading.Event | None) -> bool:
+def _locked(lock: IO[str], owner: _Builder | None) -> bool:
     """Take the build lock (released with the file, or when a killed builder's process ends). A background
-    build (`stop` given) does not wait for another builder; a build asked for now waits for it, up to
+    build (`owner` given) does not wait for another builder; a build asked for now waits for it, up to
     BUILD_TIMEOUT_SECONDS."""
     deadline = time.monotonic() + BUILD_TIMEOUT_SECONDS
     while True:
@@ -296,25 +296,24 @@ def _locked(lock: IO[str], stop: threading.Event | None) -> bool:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
-            if stop is not None or time.monotonic() > deadline:
+            if owner is not None or time.monotonic() > deadline:
                 return False
             time.sleep(0.05)
 
 
-def _compile(
-    cc: str, folder: Path, stop: threading.Event | None, running: list[subprocess.Popen[bytes]] | None
-) -> Path | None:
+def _compile(cc: str, folder: Path, owner: _Builder | None) -> Path | None:
     _remove_stale_temps(folder)
     key = source_key()
     temp = folder / f".guard-{key}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         for flags in CFLAGS:
             command = [cc, *flags, f'-DGUARD_SOURCE_HASH="{key}"', "-o", str(temp), str(SOURCE)]
-            reason = _run(command, BUILD_TIMEOUT_SECONDS, stop, running) or _check(temp, key)
-            if reason is None or (stop is not None and stop.is_set()) or reason.startswith(TIMED_OUT):
+            reason = _run(command, BUILD_TIMEOUT_SECONDS, owner) or _check(temp, key)
+            stopped = owner is not None and owner.stop.is_set()
+            if reason is None or stopped or reason.startswith(TIMED_OUT):
                 break  # a compiler that hangs is not waited for twice
         if reason is not None:
-            if stop is None or not stop.is_set():
+            if not stopped:
                 log.warning("C guard not built; the Python guard runs", compiler=cc, reason=reason)
                 _failed_marker().write_text(f"{_compiler_identity(cc)}\n{reason}\n")
             return None
@@ -329,12 +328,10 @@ def _compile(
             temp.unlink()
 
 
-def _run(
-    command: list[str], timeout: float, stop: threading.Event | None, running: list[subprocess.Popen[bytes]] | None
-) -> str | None:
+def _run(command: list[str], timeout: float, owner: _Builder | None) -> str | None:
     """Run the compiler (its own process group, so killing it ends cc1 and the linker too); None when
     it succeeded, else why not (its last output line)."""
-    if stop is not None and stop.is_set():
+    if owner is not None and owner.stop.is_set():
         return "stopped"
     try:
         process = subprocess.Popen(
@@ -344,16 +341,17 @@ def _run(
         return f"{command[0]}: {exc.strerror or exc}"
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, process.pid, 10)  # below the aggregator's own work
-    if running is not None:
-        running.append(process)
+    if owner is not None and not owner.adopt(process):  # ended while it started
+        _kill_group(process)
+        return "stopped"
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(process)
         return f"{TIMED_OUT} {timeout:.0f} s"
     finally:
-        if running is not None:
-            running.remove(process)
+        if owner is not None:
+            owner.release(process)
     if process.returncode != 0:
         lines = output.decode(errors="replace").strip().splitlines() or [f"exit code {process.returncode}"]
         return lines[-1][:300]
@@ -415,11 +413,26 @@ class _Builder:
 
     def _run(self) -> None:
         if not self.stop.wait(BUILD_DELAY_SECONDS):
-            build(self.stop, self.running)
+            build(self)
+
+    def adopt(self, process: subprocess.Popen[bytes]) -> bool:
+        """Hold a compiler that started, so `end` kills it; False when the build was ended meanwhile (the
+        caller kills it): `end` never misses one."""
+        with self.lock:
+            if self.stop.is_set():
+                return False
+            self.running.append(process)
+            return True
+
+    def release(self, process: subprocess.Popen[bytes]) -> None:
+        with self.lock:
+            self.running.remove(process)
 
     def end(self, timeout: float = 5.0) -> None:
-        self.stop.set()
-        for process in list(self.running):
+        with self.lock:
+            self.stop.set()
+            running = list(self.running)
+        for process in running:
             _kill_group(process)
         thread = self.thread
         if thread is not None:
