@@ -564,9 +564,8 @@ def test_the_background_build_makes_the_next_start_use_the_c_guard(
     assert guard_build.choose(start_build=True).kind == "c"
 
 
-def test_a_background_build_still_running_at_exit_is_killed(
-    tmp_path: Path, fresh_cache: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _hanging_background_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> guard_build._Builder:
+    """A background builder of its own, starting at once, with a compiler that never finishes."""
     slow = tmp_path / "slow-cc"
     slow.write_text("#!/bin/sh\nexec sleep 300\n")
     slow.chmod(0o755)
@@ -574,6 +573,13 @@ def test_a_background_build_still_running_at_exit_is_killed(
     builder = guard_build._Builder()
     monkeypatch.setattr(guard_build, "_builder", builder)
     monkeypatch.setattr(guard_build, "BUILD_DELAY_SECONDS", 0.0)
+    return builder
+
+
+def test_a_background_build_still_running_at_exit_is_killed(
+    tmp_path: Path, fresh_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    builder = _hanging_background_build(tmp_path, monkeypatch)
     guard_build.choose(start_build=True)
     deadline = time.monotonic() + 10
     while not builder.running and time.monotonic() < deadline:
@@ -782,13 +788,7 @@ def test_a_background_build_ended_while_its_compiler_starts_kills_it(
 ) -> None:
     """The aggregator exits (`end`) between the compiler's start and its being held by the build's owner:
     the compiler is killed all the same, and the build returns at once."""
-    slow = tmp_path / "slow-cc"
-    slow.write_text("#!/bin/sh\nexec sleep 300\n")
-    slow.chmod(0o755)
-    monkeypatch.setenv("CC", str(slow))
-    builder = guard_build._Builder()
-    monkeypatch.setattr(guard_build, "_builder", builder)
-    monkeypatch.setattr(guard_build, "BUILD_DELAY_SECONDS", 0.0)
+    builder = _hanging_background_build(tmp_path, monkeypatch)
     started: list[subprocess.Popen[bytes]] = []
     real_popen = subprocess.Popen
 
