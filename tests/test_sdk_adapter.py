@@ -570,6 +570,40 @@ print("ok")
     _fresh(script)
 
 
+@pytest.mark.parametrize(
+    ("layout", "readable"),
+    [
+        ("myplugin-1.0.DIST-INFO", True),  # importlib.metadata matches the suffix in any case
+        ("myplugin-1.0-py3.12.egg/EGG-INFO", True),  # an egg: its metadata one level down
+        ("myplugin-1.0.dist-info", False),  # metadata that cannot be read
+    ],
+)
+def test_defer_package_metadata_counts_every_plugin_layout_importlib_metadata_finds_as_a_maybe(
+    tmp_path: Path, layout: str, readable: bool
+) -> None:
+    """Where importlib.metadata would find a pydantic plugin, or the scan cannot tell, nothing is deferred."""
+    metadata = tmp_path / layout
+    metadata.mkdir(parents=True)
+    (metadata / ("PKG-INFO" if "EGG" in layout else "METADATA")).write_text(
+        "Metadata-Version: 2.1\nName: myplugin\nVersion: 1.0\n"
+    )
+    (metadata / "entry_points.txt").write_bytes(
+        b"[pydantic]\nmine = myplugin:plugin\n" if readable else b"[pydantic]\n\xff\xfe not text\n"
+    )
+    on_path = metadata.parent if "EGG" in layout else tmp_path  # an egg is on sys.path itself
+    script = f"""
+import sys
+sys.path.insert(0, {str(on_path)!r})
+from aggregator.sdk import deferred
+assert not deferred.defer_package_metadata()
+if {readable!r}:  # it is a plugin importlib.metadata (so pydantic) finds
+    import importlib.metadata
+    assert [ep.name for ep in importlib.metadata.entry_points(group="pydantic")] == ["mine"]
+print("ok")
+"""
+    _fresh(script)
+
+
 def test_defer_pickle_keeps_pickle_out_of_structlog_until_something_pickles() -> None:
     """structlog's `_output` binds `PicklingError` at import; deferred, structlog logs without loading
     pickle, a logger that refuses to be pickled raises the real `PicklingError`, and pickling works."""

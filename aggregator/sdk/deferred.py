@@ -132,7 +132,7 @@ PACKAGE_METADATA = Deferral(
     "importlib.metadata", ("entry_points", "version"), ("pydantic.plugin._loader", "pydantic.networks")
 )
 PICKLE = Deferral("pickle", ("PicklingError",), ("structlog._output",))
-_PLUGIN_SECTION = re.compile(r"^\s*\[\s*pydantic\s*\]\s*$", re.MULTILINE)  # an entry point group header
+_PLUGIN_SECTION = re.compile(r"^\s*\[\s*pydantic\s*\]\s*$", re.MULTILINE | re.IGNORECASE)  # an entry point group header
 _DEFERRALS = {
     deferral.module: deferral
     for deferral in (MCPSERVER, *HTTP_CLIENTS, *HTTP_SERVER, *TRACING, PACKAGE_METADATA, PICKLE)
@@ -195,30 +195,40 @@ def defer_pickle() -> bool:
 
 def _pydantic_plugins_may_exist() -> bool:
     """Whether an installed distribution declares a `pydantic` entry point, or might: found where
-    importlib.metadata's path finder looks (plain directories on `sys.path`); a zip on the path or a
-    distribution finder of another kind is a "maybe"."""
+    importlib.metadata's path finder looks (plain directories on `sys.path`, names in any case, as it
+    matches them); a zip on the path, an ``.egg`` (its metadata in ``EGG-INFO``), metadata that cannot
+    be read or a distribution finder of another kind is a "maybe"."""
     if any(hasattr(finder, "find_distributions") and finder is not PathFinder for finder in sys.meta_path):
         return True
     for entry in sys.path:
         folder = entry or "."
-        if os.path.isfile(folder):
+        if os.path.isfile(folder) or folder.lower().rstrip("/").endswith(".egg"):
             return True
         try:
             names = os.listdir(folder)
         except OSError:
             continue
         for name in names:
-            if name.endswith((".dist-info", ".egg-info")) and _PLUGIN_SECTION.search(_entry_points(folder, name)):
+            lower = name.lower()
+            if lower.endswith(".egg"):
                 return True
+            if lower.endswith((".dist-info", ".egg-info")):
+                found = _entry_points(folder, name)
+                if found is None or _PLUGIN_SECTION.search(found):
+                    return True
     return False
 
 
-def _entry_points(folder: str, distribution: str) -> str:
+def _entry_points(folder: str, distribution: str) -> str | None:
+    """A distribution's entry_points.txt; "" when it has none (or is an .egg-info file: no entry points),
+    None when it cannot be read (a "maybe")."""
     try:
         with open(os.path.join(folder, distribution, "entry_points.txt"), encoding="utf-8") as fh:
             return fh.read()
-    except (OSError, UnicodeDecodeError):  # none (or an .egg-info that is a file)
+    except (FileNotFoundError, NotADirectoryError):
         return ""
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def _defer(deferral: Deferral) -> bool:
