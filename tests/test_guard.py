@@ -384,6 +384,17 @@ def hostile_messages(draw: st.DrawFn) -> bytes:
     return b"\0".join(words) + (b"" if draw(st.integers(0, 19)) == 0 else b"\0")
 
 
+def _run_one(sock: socket.socket, ident: int, code: int) -> None:
+    """A good request over the raw socket: the guard answers its pid, then its exit code."""
+    ends = [*os.pipe(), *os.pipe()]
+    request = guard_client.encode_request(ident, ["sh", "-c", f"exit {code}"], {"PATH": os.environ["PATH"]}, None)
+    socket.send_fds(sock, [request], ends[:3])
+    for fd in ends:
+        os.close(fd)
+    answers = _answers(sock, 30)
+    assert answers[0]["i"] == str(ident) and any(m.get("c") == str(code) for m in answers), answers
+
+
 def _expected(message: bytes, descriptors: int) -> tuple[str | None, str | None]:
     """(id, refusal) both guards must answer, by `guard.py`'s parser; refusal None: it runs."""
     try:
@@ -399,7 +410,9 @@ def test_a_hostile_or_truncated_message_is_refused_and_the_guard_goes_on(guard: 
     nor keeps a descriptor or a child, and serves a good request after."""
     process, sock = _raw_guard()
     try:
-        time.sleep(0.2)
+        _run_one(sock, 6, 0)  # the baseline once the guard is up, however loaded the machine is, and idle:
+        sock.send(b"junk")  # its answer to this comes after the /proc scan that followed that exit
+        assert _answers(sock, 30) == [{"r": "ValueError: a message ends with a NUL"}]
         baseline = len(os.listdir(f"/proc/{process.pid}/fd"))
 
         @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
@@ -425,13 +438,7 @@ def test_a_hostile_or_truncated_message_is_refused_and_the_guard_goes_on(guard: 
             time.sleep(0.02)
         assert len(os.listdir(f"/proc/{process.pid}/fd")) == baseline  # no descriptor kept
         assert _children(process.pid) == []  # no child kept
-        ends = [*os.pipe(), *os.pipe()]
-        request = guard_client.encode_request(7, ["sh", "-c", "exit 5"], {"PATH": os.environ["PATH"]}, None)
-        socket.send_fds(sock, [request], ends[:3])
-        for fd in ends:
-            os.close(fd)
-        answers = _answers(sock)
-        assert answers[0]["i"] == "7" and any(m.get("c") == "5" for m in answers), answers
+        _run_one(sock, 7, 5)
     finally:
         sock.close()
         assert process.wait(timeout=10) == 0
