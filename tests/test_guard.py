@@ -465,6 +465,33 @@ def test_the_marker_names_the_request_and_no_other_value_survives(guard: str, tm
         process.wait(timeout=10)
 
 
+@pytest.mark.parametrize("by_path", [False, True], ids=["by-name-with-slash", "found-on-path"])
+def test_a_script_without_shebang_is_not_run_through_sh(guard: str, tmp_path: Path, by_path: bool) -> None:
+    """Both guards run a command as os.execvpe does (what users had): a file the kernel cannot execute is
+    an error (exit 127, the reason on its stderr), not handed to /bin/sh as execvp would."""
+    script = tmp_path / "no-shebang"
+    ran = tmp_path / "ran"
+    script.write_text(f"touch {ran}\n")
+    script.chmod(0o755)
+    errors = tmp_path / "stderr"
+    process, sock = _raw_guard()
+    try:
+        env = {"PATH": f"{tmp_path / 'missing'}:{tmp_path}:/usr/bin:/bin"}
+        request = guard_client.encode_request(3, [script.name if by_path else str(script)], env, None)
+        with errors.open("wb") as sink:
+            ends = [*os.pipe(), *os.pipe()]
+            socket.send_fds(sock, [request], [ends[0], ends[3], sink.fileno()])
+            for fd in ends:
+                os.close(fd)
+        answers = _answers(sock, 30)
+        assert any(m.get("c") == "127" for m in answers), answers
+        assert not ran.exists()
+        assert "Exec format error" in errors.read_text()
+    finally:
+        sock.close()
+        process.wait(timeout=10)
+
+
 # ---------------------------------------------------------------- how the C guard comes to exist
 
 

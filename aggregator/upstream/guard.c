@@ -42,8 +42,6 @@
 #define TERM_GRACE_MS 500              /* as guard.py: below the aggregator's own grace */
 #define KILL_WAIT_MS 1000
 
-extern char **environ;
-
 static char message[MAX_MESSAGE]; /* bss: only the pages a message touches become resident */
 static int sock = -1;
 
@@ -293,6 +291,37 @@ static int is_leader(pid_t pid) {
 
 /* ---------------------------------------------------------------- spawning */
 
+/* Run argv[0] as os.execvpe does (what guard.py runs, and what users had before this guard): a name
+ * with a slash as it is, else each directory of the environment's last PATH in turn (os.defpath without
+ * one; an empty entry is the working directory). Unlike execvp, a file the kernel cannot execute (a
+ * script without "#!") is not handed to /bin/sh. Returns only on failure: errno is the first error
+ * other than "not found", else the last one. */
+static void exec_search(char **argv, char **envp) {
+    const char *file = argv[0], *path = "/bin:/usr/bin";
+    if (strchr(file, '/') != NULL) {
+        execve(file, argv, envp);
+        return;
+    }
+    for (char **entry = envp; *entry != NULL; entry++)
+        if (strncmp(*entry, "PATH=", 5) == 0) path = *entry + 5; /* the last one: os.execvpe's dict */
+    int saved = 0, last = ENOENT;
+    for (const char *dir = path;; dir++) {
+        const char *end = strchrnul(dir, ':');
+        char full[4096];
+        int len = end == dir ? snprintf(full, sizeof full, "%s", file)
+                             : snprintf(full, sizeof full, "%.*s/%s", (int)(end - dir), dir, file);
+        if (len < 0 || (size_t)len >= sizeof full)
+            errno = ENAMETOOLONG;
+        else
+            execve(full, argv, envp);
+        last = errno;
+        if (saved == 0 && errno != ENOENT && errno != ENOTDIR) saved = errno;
+        if (*end == 0) break;
+        dir = end;
+    }
+    errno = saved != 0 ? saved : last;
+}
+
 /* In the forked child: become the upstream (never returns). */
 static void exec_upstream(struct request *req, int fds[3], pid_t guard) {
     static const int reset[] = {SIGTERM, SIGINT, SIGHUP, SIGCHLD, SIGPIPE, SIGXFSZ};
@@ -308,8 +337,7 @@ static void exec_upstream(struct request *req, int fds[3], pid_t guard) {
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) goto fail;
     if (getppid() != guard) _exit(127); /* the guard died before the line above */
     if (req->cwd != NULL && chdir(req->cwd) != 0) goto fail;
-    environ = req->envp; /* execvp searches the PATH of the upstream's environment, as os.execvpe */
-    execvp(req->argv[0], req->argv);
+    exec_search(req->argv, req->envp);
 fail:
     dprintf(2, "aggregator-guard: cannot run %s: %s\n", req->argv[0], strerror(errno));
     _exit(127);
