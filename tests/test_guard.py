@@ -845,3 +845,23 @@ def test_a_background_build_ended_while_its_compiler_starts_kills_it(
     (compiling,) = started
     assert compiling.poll() is not None
     assert not list(fresh_cache.glob(".guard-*.tmp")) and not list(fresh_cache.glob("*.failed"))
+
+
+def test_a_cache_that_cannot_be_written_is_one_line_not_a_warning_at_every_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The cache cannot hold a build (here below a file; a read-only home is the same): no build is
+    tried, so nothing warns at every start; the choice, logged once per process, says why."""
+    _needs_compiler()
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file" / "cache"))
+    builder = guard_build._Builder()
+    monkeypatch.setattr(guard_build, "_builder", builder)
+    monkeypatch.setattr(guard_build, "BUILD_DELAY_SECONDS", 0.0)
+    caplog.set_level("INFO", logger="aggregator")
+    for mode in ("auto", "c"):
+        monkeypatch.setenv("AGGREGATOR_GUARD", mode)
+        choice = guard_build.choose(start_build=True)
+        assert choice.kind == "python" and "is not a directory" in choice.reason, choice
+    assert builder.thread is None
+    assert [r for r in caplog.records if r.levelname == "WARNING"] == []

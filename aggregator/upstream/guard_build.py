@@ -223,6 +223,10 @@ def choose(*, start_build: bool) -> Choice:
     failed = _read_failure(cc)
     if failed is not None:
         return python_choice(f"the C guard failed to build with {cc}: {failed}", f"once that is fixed, {again}")
+    unwritable = _unwritable(cache_dir())
+    if unwritable is not None:  # no build, so no warning at every start: the choice's one line says it
+        reason = f"the C guard cannot be built: the cache {unwritable}"
+        return python_choice(reason, "make it writable (or point XDG_CACHE_HOME elsewhere)")
     if wanted == "c":
         if start_build and _build_now_once():
             return choose(start_build=False)
@@ -232,6 +236,19 @@ def choose(*, start_build: bool) -> Choice:
         _builder.start()
     reason = f"the C guard is not built yet: the next start builds it in the background with {cc}"
     return python_choice(reason, f"none needed, or {again}")
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why no guard can be built into `folder` (a read-only cache), or None: its nearest existing
+    ancestor must be a directory this process may write."""
+    probe = folder
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    return None
 
 
 _built_now: set[str] = set()  # binaries this process built at a guard's start (AGGREGATOR_GUARD=c)
