@@ -131,7 +131,7 @@ class _Guard:
     def spawn(self, argv: list[str], env: Mapping[str, str], cwd: str | None, fds: list[int]) -> int:
         with self.lock:
             if not self.alive:
-                raise _Retired if self.retired else self.died
+                raise _Retired if self.retired else self._death()
             self.next_id += 1
             ident = self.next_id
             try:
@@ -149,7 +149,7 @@ class _Guard:
                 failed = exc
         if failed is not None:  # the guard is gone: its reader says whether it ever started
             if self.closed.wait(10) and isinstance(self.died, _DidNotStart):
-                raise self.died from failed
+                raise self._death() from failed
             raise failed
         return answer.result()
 
@@ -169,6 +169,10 @@ class _Guard:
             self.alive, self.retired = False, True
             with suppress(OSError):
                 self.sock.shutdown(socket.SHUT_WR)  # the guard reads end-of-file, ends what is left, exits
+
+    def _death(self) -> GuardError:
+        """A new exception saying how the guard died (one instance is never raised in two threads)."""
+        return type(self.died)(*self.died.args)
 
     def _did_not_start(self) -> _DidNotStart | None:
         """A C guard that exited before answering anything (a libc it cannot load: "GLIBC_2.34 not found"):
@@ -224,7 +228,7 @@ class _Guard:
             if died is not None:
                 self.died = died
             for answer in self.pending.values():
-                answer.set_exception(self.died)
+                answer.set_exception(self._death())
             for pid, process in self.processes.items():
                 if process is not None:
                     process.exited(128 + signal.SIGKILL)
