@@ -295,6 +295,58 @@ def test_an_orphan_that_forks_during_its_grace_leaves_nothing_behind(tmp_path: P
         proc.wait(timeout=30)
 
 
+LEAVES_AN_ORPHAN = """
+import os, signal, sys, time
+if os.fork() == 0:  # an orphan in its own session that SIGTERM ends at once
+    os.setsid()
+    with open(sys.argv[1] + ".tmp", "w") as fh:
+        fh.write(str(os.getpid()))
+    os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+    while True:
+        signal.pause()
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+"""
+
+
+def test_a_doomed_pid_reused_by_another_process_is_not_killed(guard: str, tmp_path: Path) -> None:
+    """An exited upstream's orphan is sent SIGTERM and dies at once; its pid, freed, is taken by a process
+    that is not the guard's before the grace is over: the guard does not SIGKILL it. The pid is reused on
+    purpose (/proc/sys/kernel/ns_last_pid, which needs root), else the test skips."""
+    ns_last_pid = Path("/proc/sys/kernel/ns_last_pid")
+    if not os.access(ns_last_pid, os.W_OK):
+        pytest.skip("reusing a pid on purpose needs a writable /proc/sys/kernel/ns_last_pid (root)")
+    pid_file = tmp_path / "orphan.pid"
+    process, sock = _raw_guard()
+    stranger = None
+    try:
+        request = guard_client.encode_request(
+            1, [sys.executable, "-c", LEAVES_AN_ORPHAN, str(pid_file)], {"PATH": os.environ["PATH"]}, None
+        )
+        ends = [*os.pipe(), *os.pipe()]
+        socket.send_fds(sock, [request], ends[:3])
+        for fd in ends:
+            os.close(fd)
+        assert any("x" in m for m in _answers(sock, 30))  # the upstream exited: its orphan gets SIGTERM now
+        orphan = int(pid_file.read_text())
+        deadline = time.monotonic() + 0.3
+        while os.path.exists(f"/proc/{orphan}") and time.monotonic() < deadline:
+            time.sleep(0.002)  # until the guard reaped it: the pid is free, its grace not over
+        assert not os.path.exists(f"/proc/{orphan}")
+        ns_last_pid.write_text(str(orphan - 1))
+        stranger = subprocess.Popen(["sleep", "30"])
+        if stranger.pid != orphan:
+            pytest.skip(f"another process took pid {orphan} first")
+        time.sleep(guard_module.TERM_GRACE_SECONDS + 0.5)
+        assert stranger.poll() is None, "the guard killed a process that is not its own"
+    finally:
+        if stranger is not None:
+            stranger.kill()
+            stranger.wait()
+        sock.close()
+        process.wait(timeout=10)
+
+
 def test_the_python_guard_does_not_end_a_pid_no_longer_below_it() -> None:
     """A doomed pid that ended and was reused by an unrelated process when its grace is over: the guard
     kills only what is still below it (here the "reused" pid is a process outside its tree: the guard
