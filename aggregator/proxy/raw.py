@@ -82,9 +82,9 @@ class RawRouter:
         """The raw calls of one client, answered through `replies` (`downstream/stdio.py`'s `Outbox`)."""
         return RawLane(self, replies, done)
 
-    def fallback(self, rule: str, request_id: Any) -> None:
+    def fallback(self, rule: str, request_id: Any, method: str) -> None:
         self.fallbacks[rule] = self.fallbacks.get(rule, 0) + 1
-        log.debug("raw path not taken", rule=rule, id=request_id)
+        log.debug("raw path not taken", rule=rule, id=request_id, method=method)
 
     def route(self, method: str, params: Mapping[str, Any]) -> str | None:
         """Why a valid request must take the full path (a rule's name), or None."""
@@ -138,6 +138,7 @@ class RawLane:
         self._settled: set[Any] = set()  # calls cancelled by their client, or whose answer is being written
         self._running: set[Any] = set()  # calls whose task has started (only those are cancelled as tasks)
         self._supervised = self._closing = False
+        self.counts: dict[str, int] = {}  # "<method>" → calls taken, "<method>:<rule>" → calls left to the full path
 
     def bind(self, connection: Connection) -> None:
         if self.connection is None:
@@ -156,9 +157,13 @@ class RawLane:
             log.warning("raw path check failed", error=f"{type(exc).__name__}: {exc}"[:300])
             rule = "error"
         if rule is not None:
-            self.router.fallback(rule, message.id)
+            self.router.fallback(rule, message.id, message.method)
+            self._count(f"{message.method}:{rule}")
             return False
         return True
+
+    def _count(self, key: str) -> None:
+        self.counts[key] = self.counts.get(key, 0) + 1
 
     def takes(self, message: types.JSONRPCRequest) -> bool:
         """`accepts` for a request whose id is not in flight, without counting or logging a refusal
@@ -229,6 +234,8 @@ class RawLane:
         try:
             await anyio.sleep_forever()
         finally:
+            # what this client's requests did, for a look from outside (`tests/test_conformance.py`'s chain)
+            log.info("raw lane closed", counts=" ".join(f"{key}={n}" for key, n in sorted(self.counts.items())))
             self._closing = True  # a call not started yet answers as soon as it starts
             for request_id in self._running:
                 self._calls[request_id].cancel()
@@ -285,6 +292,7 @@ class RawLane:
             origin=RawOrigin(self.connection, message.id),
         )
         self.router.taken += 1
+        self._count(method)
         try:
             result = await self.router.answer(method, params, caller, version)
         except Exception as exc:  # as the SDK's dispatcher answers a handler's exception
