@@ -40,16 +40,19 @@ from mcp_types.methods import is_input_required, serialize_server_result, valida
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
+from aggregator.faults import Fault
 from aggregator.log import get_logger
 from aggregator.proxy.passthrough import forwarded_meta
 from aggregator.proxy.raw_checks import plain_text_result, tools_call_params_ok
 from aggregator.proxy.relay import RawOrigin
-from aggregator.tools.base import ToolContext, invalid_result
+from aggregator.tools.base import ToolContext, fault_result, invalid_result
 from aggregator.tools.catalog import CATALOG_CALL
 from aggregator.wire import encode, error_line, json_line
 
 if TYPE_CHECKING:
+    from aggregator.proxy.exposure import DirectTool
     from aggregator.proxy.server import AggregatorServer
+    from aggregator.upstream.pool import ToolRoute
 
 log = get_logger(__name__)
 
@@ -77,6 +80,11 @@ class RawRouter:
         self.server = server
         self.taken = 0  # calls answered on the raw path (tests read it)
         self.fallbacks: dict[str, int] = {}  # rule → calls that fell back to the full path
+        self.routed = 0  # of those, tools/call that went by a route straight to the upstream's raw leg (tests read it)
+        # a tools/call's name (or catalog_call_tool's (server, tool)) → its route and the direct tool it was made for
+        self._routes: dict[Any, tuple[ToolRoute, DirectTool | None]] = {}
+        server.pool.store.subscribe(lambda _server, _catalog: self._routes.clear())
+        server.pool.on_reconfigure(lambda _diff: self._routes.clear())
 
     def lane(self, replies: Replies, done: Done) -> RawLane:
         """The raw calls of one client, answered through `replies` (`downstream/stdio.py`'s `Outbox`)."""
@@ -113,6 +121,53 @@ class RawRouter:
             return None
         direct = self.server.direct_tool_now(name)
         return direct.server if direct is not None else None
+
+    def route_of(self, params: Mapping[str, Any]) -> tuple[ToolRoute, Mapping[str, Any]] | None:
+        """A `tools/call`'s route straight to its upstream's raw leg, and the arguments to send; None: the
+        handler layers answer it (`answer`), e.g. a tool not listed by a running upstream, bad arguments.
+
+        Routes are kept per name (catalog_call_tool: per server and tool as written), dropped when a
+        catalog or the config changes, and checked on each use (`ToolRoute.current`, and for a direct
+        tool that the exposure table still maps the name to the same tool)."""
+        name, arguments = params["name"], params.get("arguments")
+        key: Any
+        if name == CATALOG_CALL:
+            if type(arguments) is not dict:
+                return None
+            server, tool, arguments = arguments.get("server"), arguments.get("tool"), arguments.get("arguments", {})
+            if type(server) is not str or type(tool) is not str:
+                return None
+            key, arguments = (server, tool), {} if arguments is None else arguments
+            if type(arguments) is not dict:
+                return None  # `CatalogTools.call_tool` answers it (invalid_argument)
+        elif name in self.server.own_tool_names:
+            return None
+        else:
+            key, arguments = name, arguments or {}
+        known = self._routes.get(key)
+        if (
+            known is None
+            or not known[0].current()
+            or (known[1] is not None and self.server.direct_tool_now(name) is not known[1])
+        ):
+            known = self._new_route(key)
+            if known is None:
+                return None
+        return known[0], arguments
+
+    def _new_route(self, key: Any) -> tuple[ToolRoute, DirectTool | None] | None:
+        pool = self.server.pool
+        if isinstance(key, tuple):
+            upstream, direct = pool.resolve(key[0]), None
+            route = pool.tool_route(upstream, key[1]) if upstream is not None else None
+        else:
+            direct = self.server.direct_tool_now(key)
+            route = pool.tool_route(direct.server, direct.tool) if direct is not None else None
+        if route is None:
+            self._routes.pop(key, None)
+            return None
+        self._routes[key] = known = (route, direct)
+        return known
 
     async def answer(self, method: str, params: Mapping[str, Any], caller: ToolContext, version: str) -> Any:
         """What the full path's handler for `method` returns (an `MCPError` raised as it would be)."""
@@ -291,10 +346,16 @@ class RawLane:
             extra=forwarded_meta(params),
             origin=RawOrigin(self.connection, message.id),
         )
-        self.router.taken += 1
+        router = self.router
+        router.taken += 1
         self._count(method)
         try:
-            result = await self.router.answer(method, params, caller, version)
+            routed = router.route_of(params) if method == "tools/call" else None
+            if routed is None:
+                result = await router.answer(method, params, caller, version)
+            else:  # what `call_tool_for` gives for it, without the layers between
+                router.routed += 1
+                result = await _call_routed(*routed, caller)
         except Exception as exc:  # as the SDK's dispatcher answers a handler's exception
             return _error_answer(message.id, method, exc)
         return _result_line(message.id, method, result, version, self.router.server.lowlevel.cache_hints.get(method))
@@ -321,6 +382,15 @@ class RawLane:
                 pass
 
         return report
+
+
+async def _call_routed(route: ToolRoute, arguments: Mapping[str, Any], caller: ToolContext) -> Any:
+    """`AggregatorServer.call_tool_for` for a call on a route: its faults as fault results (a stdio upstream
+    never asks for a sign-in). Nothing else is raised but by a bug: `_error_answer` answers that."""
+    try:
+        return await route.call(arguments, caller.report_progress, caller.extra, caller.origin)
+    except Fault as fault:
+        return fault_result(fault)
 
 
 async def _no_progress(progress: float, total: float | None, message: str | None) -> None:
