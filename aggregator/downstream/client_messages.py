@@ -55,8 +55,11 @@ class Oversized:
 def parse_client_line(line: bytes) -> SessionMessage | Refusal:
     """`line` as a message for the server, or the refusal that answers it."""
     request = plain_request(line)
-    if request is not None:
-        return SessionMessage(request)
+    return SessionMessage(request) if request is not None else parse_unplain_line(line)
+
+
+def parse_unplain_line(line: bytes) -> SessionMessage | Refusal:
+    """`parse_client_line` for a line `plain_request` has already found no plain request (the union decides)."""
     try:
         message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
     except ValueError as exc:

@@ -49,6 +49,7 @@ from aggregator.downstream.client_messages import (
     Refusal,
     SkippingLineSplitter,
     parse_client_line,
+    parse_unplain_line,
     plain_request,
     refuse_oversized,
 )
@@ -388,6 +389,8 @@ class _Inbound:
         self.backlog, self._backlog_out = anyio.create_memory_object_stream[types.JSONRPCRequest](in_flight.limit)
         self._held: types.JSONRPCRequest | None = None  # taken from the backlog, waiting for room
         self._forwarding = anyio.CancelScope()
+        # the read callback's reading of the line it left to `route` (the next one `route` gets): read once
+        self._early: tuple[bytes, types.JSONRPCRequest | None] | None = None
 
     async def route(self, item: bytes | Oversized) -> None:
         if isinstance(item, Oversized):
@@ -395,7 +398,7 @@ class _Inbound:
         elif not item.strip():
             return
         else:
-            parsed = parse_client_line(item)
+            parsed = self._parse(item)
         if isinstance(parsed, Refusal):
             log.warning("refused a client message", reason=parsed.reason, answered=parsed.reply is not None)
             if parsed.reply is not None:
@@ -419,10 +422,18 @@ class _Inbound:
             return False
         request = plain_request(line)
         if request is None or request.id in in_flight or not lane.takes(request):
+            self._early = (line, request)
             return False
         in_flight.add(request.id, request.method)
         lane.start(request, self.task_group)
         return True
+
+    def _parse(self, line: bytes) -> SessionMessage | Refusal:
+        """`parse_client_line`, or what `start_now` already read of this very line."""
+        early, self._early = self._early, None
+        if early is None or early[0] != line:
+            return parse_client_line(line)
+        return SessionMessage(early[1]) if early[1] is not None else parse_unplain_line(line)
 
     async def _submit(self, message: types.JSONRPCRequest) -> None:
         duplicate = message.id in self.in_flight  # the client reused the id of a request in flight

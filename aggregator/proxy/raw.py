@@ -193,6 +193,7 @@ class RawLane:
         self._settled: set[Any] = set()  # calls cancelled by their client, or whose answer is being written
         self._running: set[Any] = set()  # calls whose task has started (only those are cancelled as tasks)
         self._supervised = self._closing = False
+        self._refused: tuple[types.JSONRPCRequest, str] | None = None  # the request `takes` refused last, and why
         self.counts: dict[str, int] = {}  # "<method>" → calls taken, "<method>:<rule>" → calls left to the full path
 
     def bind(self, connection: Connection) -> None:
@@ -206,8 +207,14 @@ class RawLane:
         """
         if message.method not in RAW_METHODS:
             return False
+        refused, self._refused = self._refused, None
         try:
-            rule = "duplicate_id" if duplicate else self._rule(message)
+            if duplicate:
+                rule: str | None = "duplicate_id"
+            elif refused is not None and refused[0] is message:  # `takes` has just judged this very request
+                rule = refused[1]
+            else:
+                rule = self._rule(message)
         except Exception as exc:  # a bug here must not end the client's session: the full path answers
             log.warning("raw path check failed", error=f"{type(exc).__name__}: {exc}"[:300])
             rule = "error"
@@ -222,14 +229,18 @@ class RawLane:
 
     def takes(self, message: types.JSONRPCRequest) -> bool:
         """`accepts` for a request whose id is not in flight, without counting or logging a refusal
-        (the read callback asks first; what it leaves goes through `accepts`). Not before the lane's
-        first call has started its supervisor in the session's task group, from a task."""
+        (the read callback asks first; what it leaves goes through `accepts`, which reuses the rule found
+        here). Not before the lane's first call has started its supervisor in the session's task group,
+        from a task."""
         if message.method not in RAW_METHODS or not self._supervised:
             return False
         try:
-            return self._rule(message) is None
+            rule = self._rule(message)
         except Exception:
             return False
+        if rule is not None:
+            self._refused = (message, rule)  # for `accepts`, which gets the same request next
+        return rule is None
 
     def _rule(self, message: types.JSONRPCRequest) -> str | None:
         connection = self.connection
