@@ -364,9 +364,13 @@ class RawLane:
             routed = router.route_of(params) if method == "tools/call" else None
             if routed is None:
                 result = await router.answer(method, params, caller, version)
-            else:  # what `call_tool_for` gives for it, without the layers between
-                router.routed += 1
-                result = await _call_routed(*routed, caller)
+            else:  # what `call_tool_for` gives for it, without the layers between (a stdio upstream never
+                router.routed += 1  # asks for a sign-in: a fault is the fault result)
+                route, arguments = routed
+                try:
+                    result = await route.call(arguments, caller.report_progress, caller.extra, caller.origin)
+                except Fault as fault:
+                    result = fault_result(fault)
         except Exception as exc:  # as the SDK's dispatcher answers a handler's exception
             return _error_answer(message.id, method, exc)
         return _result_line(message.id, method, result, version, self.router.server.lowlevel.cache_hints.get(method))
@@ -393,15 +397,6 @@ class RawLane:
                 pass
 
         return report
-
-
-async def _call_routed(route: ToolRoute, arguments: Mapping[str, Any], caller: ToolContext) -> Any:
-    """`AggregatorServer.call_tool_for` for a call on a route: its faults as fault results (a stdio upstream
-    never asks for a sign-in). Nothing else is raised but by a bug: `_error_answer` answers that."""
-    try:
-        return await route.call(arguments, caller.report_progress, caller.extra, caller.origin)
-    except Fault as fault:
-        return fault_result(fault)
 
 
 async def _no_progress(progress: float, total: float | None, message: str | None) -> None:
