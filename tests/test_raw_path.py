@@ -439,22 +439,22 @@ def test_requests_started_from_the_read_callback_keep_every_rule(
 def test_a_line_the_read_callback_leaves_is_read_once_and_judged_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What `start_now` read and refused goes to `route` with its reading and its rule: one `plain_request`
-    per line (not one more in `parse_client_line`), one `_rule` per refused request (not `takes` then
-    `accepts`), and the refusal still counted and answered by the full path."""
+    """What `start_now` read and refused goes to `route` with its reading and its rule: one `plain_fields`
+    per line (not one more `plain_request` in `parse_client_line`), one `_rule` per refused request (not
+    `takes` then `accepts`), and the refusal still counted and answered by the full path."""
     reads: list[bytes] = []
     rules: list[Any] = []
-    plain_request, rule = stdio.plain_request, RawLane._rule
+    plain_fields, rule = stdio.plain_fields, RawLane._rule
 
     def read(line: bytes) -> Any:
         reads.append(line)
-        return plain_request(line)
+        return plain_fields(line)
 
     def judged(self: RawLane, message: Any) -> Any:
         rules.append(message.id)
         return rule(self, message)
 
-    monkeypatch.setattr(stdio, "plain_request", read)
+    monkeypatch.setattr(stdio, "plain_fields", read)
     monkeypatch.setattr(stdio, "parse_client_line", lambda line: pytest.fail(f"read twice: {line!r}"))
     monkeypatch.setattr(RawLane, "_rule", judged)
     config = twin_config(tmp_path)

@@ -69,6 +69,20 @@ class Replies(Protocol):
     def send_nowait(self, line: bytes) -> None: ...
 
 
+class Request(Protocol):
+    """A client's request as a lane reads it: the request model, or `downstream.client_messages.PlainRequest`
+    (the fields of a line the read callback starts at once, no model built)."""
+
+    @property
+    def id(self) -> str | int: ...
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def params(self) -> dict[str, Any] | None: ...
+
+
 Done = Callable[[Any], None]
 """Told when a raw call's answer is on its way to the client (or none is due): its in-flight slot is free."""
 
@@ -193,14 +207,14 @@ class RawLane:
         self._settled: set[Any] = set()  # calls cancelled by their client, or whose answer is being written
         self._running: set[Any] = set()  # calls whose task has started (only those are cancelled as tasks)
         self._supervised = self._closing = False
-        self._refused: tuple[types.JSONRPCRequest, str] | None = None  # the request `takes` refused last, and why
+        self._refused: tuple[Any, str] | None = None  # the id of the request `takes` refused last, and why
         self.counts: dict[str, int] = {}  # "<method>" → calls taken, "<method>:<rule>" → calls left to the full path
 
     def bind(self, connection: Connection) -> None:
         if self.connection is None:
             self.connection = connection
 
-    def accepts(self, message: types.JSONRPCRequest, *, duplicate: bool = False) -> bool:
+    def accepts(self, message: Request, *, duplicate: bool = False) -> bool:
         """Whether this request takes the raw path (else the SDK's runner gets it).
 
         `duplicate`: the client's id is that of a request still in flight (on either path).
@@ -211,7 +225,7 @@ class RawLane:
         try:
             if duplicate:
                 rule: str | None = "duplicate_id"
-            elif refused is not None and refused[0] is message:  # `takes` has just judged this very request
+            elif refused is not None and refused[0] == message.id:  # `takes` has just judged this request
                 rule = refused[1]
             else:
                 rule = self._rule(message)
@@ -227,7 +241,7 @@ class RawLane:
     def _count(self, key: str) -> None:
         self.counts[key] = self.counts.get(key, 0) + 1
 
-    def takes(self, message: types.JSONRPCRequest) -> bool:
+    def takes(self, message: Request) -> bool:
         """`accepts` for a request whose id is not in flight, without counting or logging a refusal
         (the read callback asks first; what it leaves goes through `accepts`, which reuses the rule found
         here). Not before the lane's first call has started its supervisor in the session's task group,
@@ -239,10 +253,10 @@ class RawLane:
         except Exception:
             return False
         if rule is not None:
-            self._refused = (message, rule)  # for `accepts`, which gets the same request next
+            self._refused = (message.id, rule)  # for `accepts`, which gets this request next (as a model)
         return rule is None
 
-    def _rule(self, message: types.JSONRPCRequest) -> str | None:
+    def _rule(self, message: Request) -> str | None:
         connection = self.connection
         if (
             connection is None
@@ -272,7 +286,7 @@ class RawLane:
             return False
         return True
 
-    def start(self, message: types.JSONRPCRequest, task_group: anyio.abc.TaskGroup) -> None:
+    def start(self, message: Request, task_group: anyio.abc.TaskGroup) -> None:
         """Run the call in an asyncio task of its own: a fifth of anyio's cost to start one (the server
         runs on asyncio). `_supervise`, in `task_group`, cancels the calls when the session ends."""
         if not self._supervised:
@@ -309,7 +323,7 @@ class RawLane:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(2 * SHUTDOWN_WRITE_SECONDS):
                     await asyncio.wait(list(self._calls.values()))
 
-    async def _run(self, message: types.JSONRPCRequest) -> None:
+    async def _run(self, message: Request) -> None:
         """One call; its answer written unless the client cancelled it (or the session ended).
 
         A task cancelled before its first step would never run this body (nor its `finally`), so a
@@ -348,7 +362,7 @@ class RawLane:
         ):
             await self._replies.send(line)
 
-    async def _call(self, message: types.JSONRPCRequest) -> bytes:
+    async def _call(self, message: Request) -> bytes:
         assert self.connection is not None and message.params is not None
         params, method = message.params, message.method
         version = self.connection.protocol_version
@@ -378,7 +392,7 @@ class RawLane:
     def _progress(self, params: Mapping[str, Any]) -> Any:
         """The client's progress token, reported to as the SDK's `report_progress` does (never blocking)."""
         meta = params.get("_meta")
-        token = meta.get("progressToken") if isinstance(meta, Mapping) else None
+        token = meta.get("progressToken") if type(meta) is dict or isinstance(meta, Mapping) else None
         if not isinstance(token, str | int) or isinstance(token, bool):  # as the SDK reads it
             return _no_progress
         replies = self._replies
