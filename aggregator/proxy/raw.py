@@ -207,6 +207,7 @@ class RawLane:
         self._settled: set[Any] = set()  # calls cancelled by their client, or whose answer is being written
         self._running: set[Any] = set()  # calls whose task has started (only those are cancelled as tasks)
         self._supervised = self._closing = False
+        self._routed: dict[Any, tuple[ToolRoute, Mapping[str, Any]]] = {}  # id → the route `_rule` found for it
         self._refused: tuple[Any, str] | None = None  # the id of the request `takes` refused last, and why
         self.counts: dict[str, int] = {}  # "<method>" → calls taken, "<method>:<rule>" → calls left to the full path
 
@@ -272,6 +273,9 @@ class RawLane:
         assert params is not None  # the four methods require params
         if "task" in params:
             return "task"
+        if message.method == "tools/call" and (routed := self.router.route_of(params)) is not None:
+            self._routed[message.id] = routed  # a route implies the target's rules: the call takes it
+            return None
         return self.router.route(message.method, params)
 
     def _params_valid(self, method: str, version: str, params: Mapping[str, Any] | None) -> bool:
@@ -348,6 +352,7 @@ class RawLane:
         except Exception as exc:  # nothing else is raised here; were it, the client's slot must still be freed
             log.error("raw call failed", error=f"{type(exc).__name__}: {exc}"[:300])
         finally:
+            self._routed.pop(request_id, None)  # a call cancelled before it ran never took its route
             del self._calls[request_id]
             self._settled.discard(request_id)
             self._running.discard(request_id)
@@ -375,7 +380,9 @@ class RawLane:
         router.taken += 1
         self._count(method)
         try:
-            routed = router.route_of(params) if method == "tools/call" else None
+            routed = self._routed.pop(message.id, None)
+            if routed is None or not routed[0].current():  # found when the call was let in; else looked up now
+                routed = router.route_of(params) if method == "tools/call" else None
             if routed is None:
                 result = await router.answer(method, params, caller, version)
             else:  # what `call_tool_for` gives for it, without the layers between (a stdio upstream never
