@@ -369,32 +369,29 @@ class RawLane:
 
     async def _call(self, message: Request) -> bytes:
         assert self.connection is not None and message.params is not None
-        params, method = message.params, message.method
+        params, method, request_id = message.params, message.method, message.id
         version = self.connection.protocol_version
-        caller = ToolContext(
-            report_progress=self._progress(params),
-            extra=forwarded_meta(params),
-            origin=RawOrigin(self.connection, message.id),
-        )
         router = self.router
         router.taken += 1
         self._count(method)
+        origin = RawOrigin(self.connection, request_id)
+        # The route `_rule` found when it let the call in (a loop turn ago). Not looked at again: what can
+        # change in between is the upstream's death, which its raw leg answers as the layers' request would.
+        routed = self._routed.pop(request_id, None)
         try:
-            routed = self._routed.pop(message.id, None)
-            if routed is None or not routed[0].current():  # found when the call was let in; else looked up now
-                routed = router.route_of(params) if method == "tools/call" else None
             if routed is None:
-                result = await router.answer(method, params, caller, version)
+                progress, extra = self._progress(params), forwarded_meta(params)
+                result = await router.answer(method, params, ToolContext(progress, extra, origin), version)
             else:  # what `call_tool_for` gives for it, without the layers between (a stdio upstream never
                 router.routed += 1  # asks for a sign-in: a fault is the fault result)
                 route, arguments = routed
                 try:
-                    result = await route.call(arguments, caller.report_progress, caller.extra, caller.origin)
+                    result = await route.call(arguments, self._progress(params), forwarded_meta(params), origin)
                 except Fault as fault:
                     result = fault_result(fault)
         except Exception as exc:  # as the SDK's dispatcher answers a handler's exception
-            return _error_answer(message.id, method, exc)
-        return _result_line(message.id, method, result, version, self.router.server.lowlevel.cache_hints.get(method))
+            return _error_answer(request_id, method, exc)
+        return _result_line(request_id, method, result, version, router.server.lowlevel.cache_hints.get(method))
 
     def _progress(self, params: Mapping[str, Any]) -> Any:
         """The client's progress token, reported to as the SDK's `report_progress` does (never blocking)."""
