@@ -150,14 +150,18 @@ def test_the_raw_path_in_a_chain_of_aggregators(reference: str, tmp_path: Path) 
     is both: its client is the outer's upstream session, its upstream the third aggregator. So each
     tools/call, prompts/get, resources/read and completion of the suite crosses the inner hop's raw lane
     and its raw upstream leg; the inner's `raw lane closed` log lines must count all four as taken, and
-    nothing left to the full path but a first call before a catalog was known (rule `target`).
+    nothing left to the full path but a first call before a catalog was known (rule `target`). (Each
+    inner's first call starts its upstream, so it crosses the handler layers, not the route straight to
+    a running upstream's raw leg: `tests/test_raw_route.py` and `tests/test_raw_path.py` prove that one.)
 
     The outer gives each suite client an inner of its own (`sessions: per-client`): on one shared stdio
     session the call `server-sse-polling` leaves in flight (the reference server never answers it) makes
     the outer refuse the elicitation of `elicitation-sep1330-enums`, which cannot be told apart from it
     (docs/isolation.md, "Known limits"). On a shared session that scenario passes alone and fails right
     after `server-sse-polling` on the same outer, with `call_path: full` at every level too: the relay's
-    rule, not the raw path. Takes 50-70 s on 2 cores (the suite alone about 30).
+    rule, not the raw path; and a call timeout short enough to end that call first fails
+    `server-sse-polling` itself (a timeout result instead of none). Takes 50-70 s on 2 cores (the suite
+    alone about 30).
     """
     ref = {"url": reference, "expose": "direct", "prefix": False}
     third = chained_upstream(tmp_path / "third", {"ref": ref}, "info")

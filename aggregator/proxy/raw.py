@@ -209,7 +209,8 @@ class RawLane:
         self._supervised = self._closing = False
         self._routed: dict[Any, tuple[ToolRoute, Mapping[str, Any]]] = {}  # id → the route `_rule` found for it
         self._refused: tuple[Any, str] | None = None  # the id of the request `takes` refused last, and why
-        self.counts: dict[str, int] = {}  # "<method>" → calls taken, "<method>:<rule>" → calls left to the full path
+        # "<method>" → calls taken, "route" → tools/call of those by a route, "<method>:<rule>" → left to the full path
+        self.counts: dict[str, int] = {}
 
     def bind(self, connection: Connection) -> None:
         if self.connection is None:
@@ -384,6 +385,7 @@ class RawLane:
                 result = await router.answer(method, params, ToolContext(progress, extra, origin), version)
             else:  # what `call_tool_for` gives for it, without the layers between (a stdio upstream never
                 router.routed += 1  # asks for a sign-in: a fault is the fault result)
+                self._count("route")
                 route, arguments = routed
                 try:
                     result = await route.call(arguments, self._progress(params), forwarded_meta(params), origin)
