@@ -9,7 +9,10 @@ envelope and the SDK's own validator the params (a plain `tools/call`'s are chec
 terms, `raw_checks.py`): the same handler code runs
 (`AggregatorServer.call_tool_for`, `Passthrough.*_for`: lazy start, name resolution, faults,
 secrets masking and `on_call_result` are those of the full path), its result is sieved exactly
-as the SDK's runner sieves it and written to the client as bytes with the client's own id.
+as the SDK's runner sieves it and written to the client as bytes with the client's own id. A
+tools/call whose upstream runs and lists the tool skips those handler layers: a route found by the
+lane's rules (`RawRouter.route_of`, `upstream/pool.py` `ToolRoute`) takes it straight to the
+upstream's raw leg, with the same bookkeeping around the request.
 Upstream, the request goes as bytes too (`upstream/raw_calls.py`) unless that upstream says
 `call_path: full`.
 
@@ -376,8 +379,9 @@ class RawLane:
         router.taken += 1
         self._count(method)
         origin = RawOrigin(self.connection, request_id)
-        # The route `_rule` found when it let the call in (a loop turn ago). Not looked at again: what can
-        # change in between is the upstream's death, which its raw leg answers as the layers' request would.
+        # The route `_rule` found when it let the call in, a loop turn ago, not looked at again: what may
+        # change in that turn (a reload, a new listing) meets a call let in just before it on the layers'
+        # path too, and a dead upstream's raw leg answers as the layers' request would.
         routed = self._routed.pop(request_id, None)
         try:
             if routed is None:
