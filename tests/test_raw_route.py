@@ -82,6 +82,11 @@ def test_calls_to_a_running_upstream_go_by_the_route_with_the_layers_bookkeeping
             assert int(text(no_arguments)) > 0
             assert server.raw.routed == routed + 4
             assert results == ["kit"] * 4  # on_call_result saw each (resource links become readable)
+            kept = len(server.raw._routes)
+            for spelling in ("kIt", "KiT", "kIT", "Kit"):  # routes are kept per upstream, not per spelling
+                await client.call("catalog_call_tool", via_catalog("echo", {"message": "m"}, server=spelling))
+            assert len(server.raw._routes) == kept
+            routed, sent = routed + 4, sent + 4
             assert server.pool.connection("kit").raw_requests == sent + 4
             assert not server.pool._busy and not server.pool.connection("kit").busy
 

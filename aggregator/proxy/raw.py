@@ -98,7 +98,7 @@ class RawRouter:
         self.taken = 0  # calls answered on the raw path (tests read it)
         self.fallbacks: dict[str, int] = {}  # rule → calls that fell back to the full path
         self.routed = 0  # of those, tools/call that went by a route straight to the upstream's raw leg (tests read it)
-        # a tools/call's name (or catalog_call_tool's (server, tool)) → its route and the direct tool it was made for
+        # a tools/call's name (catalog_call_tool's (upstream, tool)) → its route and the direct tool it was made for
         self._routes: dict[Any, tuple[ToolRoute, DirectTool | None]] = {}
         server.pool.store.subscribe(lambda _server, _catalog: self._routes.clear())
         server.pool.on_reconfigure(lambda _diff: self._routes.clear())
@@ -143,7 +143,7 @@ class RawRouter:
         """A `tools/call`'s route straight to its upstream's raw leg, and the arguments to send; None: the
         handler layers answer it (`answer`), e.g. a tool not listed by a running upstream, bad arguments.
 
-        Routes are kept per name (catalog_call_tool: per server and tool as written), dropped when a
+        Routes are kept per name (catalog_call_tool: per upstream and tool), dropped when a
         catalog or the config changes, and checked on each use (`ToolRoute.current`, and for a direct
         tool that the exposure table still maps the name to the same tool)."""
         name, arguments = params["name"], params.get("arguments")
@@ -152,9 +152,10 @@ class RawRouter:
             if type(arguments) is not dict:
                 return None
             server, tool, arguments = arguments.get("server"), arguments.get("tool"), arguments.get("arguments", {})
-            if type(server) is not str or type(tool) is not str:
+            upstream = self.server.pool.resolve(server) if type(server) is str else None
+            if upstream is None or type(tool) is not str:
                 return None
-            key, arguments = (server, tool), {} if arguments is None else arguments
+            key, arguments = (upstream, tool), {} if arguments is None else arguments  # never more keys than tools
             if type(arguments) is not dict:
                 return None  # `CatalogTools.call_tool` answers it (invalid_argument)
         elif name in self.server.own_tool_names:
@@ -175,8 +176,7 @@ class RawRouter:
     def _new_route(self, key: Any) -> tuple[ToolRoute, DirectTool | None] | None:
         pool = self.server.pool
         if isinstance(key, tuple):
-            upstream, direct = pool.resolve(key[0]), None
-            route = pool.tool_route(upstream, key[1]) if upstream is not None else None
+            route, direct = pool.tool_route(*key), None
         else:
             direct = self.server.direct_tool_now(key)
             route = pool.tool_route(direct.server, direct.tool) if direct is not None else None
