@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import pytest
 
 from aggregator.config import load_config
 from aggregator.faults import Fault
+from aggregator.proxy.raw import RawRouter
 from aggregator.proxy.server import AggregatorServer
 from tests.conftest import kit_upstream
 from tests.raw_harness import LineClient, raw_bench, raw_clients
@@ -208,6 +210,34 @@ def test_an_upstream_killed_between_the_route_lookup_and_the_write(tmp_path: Pat
             assert text(await client.call("catalog_call_tool", via_catalog("echo", {"message": "again"}))) == "again"
             again = server.raw.route_of(params)
             assert again is not None and again[0] is not route
+
+    anyio.run(scenario)
+
+
+def test_an_upstream_dead_when_the_lane_writes_the_routed_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the lane: the upstream is killed (and gone) right after the lane's rules found the route,
+    before the call's task writes the request: the client gets the lost-upstream fault, not a hang."""
+
+    async def scenario() -> None:
+        async with raw_bench(kit_config(tmp_path)) as (server, client):
+            pid = await started(server, client)
+            route_of = RawRouter.route_of
+
+            def then_killed(self: RawRouter, params: Any) -> Any:
+                found = route_of(self, params)
+                if found is not None and params.get("arguments", {}).get("message") == "doomed":
+                    os.kill(pid, signal.SIGKILL)
+                    time.sleep(0.3)  # the loop is held: nothing has seen it die when the request is written
+                return found
+
+            monkeypatch.setattr(RawRouter, "route_of", then_killed)
+            routed = server.raw.routed
+            with anyio.fail_after(CALL_TIMEOUT * 0.9):  # sooner than a timeout
+                answer = await client.call("kit__echo", {"message": "doomed"})
+            assert server.raw.routed == routed + 1
+            fault = answer["result"]["structuredContent"]["error"]
+            assert fault["reason"] == "upstream_error" and "exited" in fault["message"], fault
+            assert not server.pool._busy and not server.pool.connection("kit").busy
 
     anyio.run(scenario)
 
