@@ -4,7 +4,8 @@ The reference server of the suite runs once for the module. The suite runs again
 through `aggregator serve --transport http` fronting it as upstream `ref` (`expose: direct`): with
 prefixed names (the suite copy calls `ref__<name>`), with `prefix: false` (the suite as it is), and
 each lazy-start scenario alone on a fresh aggregator (fresh data dir: no snapshot, nothing started);
-and once across a chain of aggregators whose middle hop takes the raw path (`proxy/raw.py`).
+and across a chain of aggregators whose middle hop takes the raw path (`proxy/raw.py`): the whole
+suite, and the tool scenarios by the route straight to a running upstream.
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ def test_the_raw_path_in_a_chain_of_aggregators(reference: str, tmp_path: Path) 
     and its raw upstream leg; the inner's `raw lane closed` log lines must count all four as taken, and
     nothing left to the full path but a first call before a catalog was known (rule `target`). (Each
     inner's first call starts its upstream, so it crosses the handler layers, not the route straight to
-    a running upstream's raw leg: `tests/test_raw_route.py` and `tests/test_raw_path.py` prove that one.)
+    a running upstream's raw leg: the next test runs the tool scenarios by that route.)
 
     The outer gives each suite client an inner of its own (`sessions: per-client`): on one shared stdio
     session the call `server-sse-polling` leaves in flight (the reference server never answers it) makes
@@ -176,3 +177,42 @@ def test_the_raw_path_in_a_chain_of_aggregators(reference: str, tmp_path: Path) 
         assert time.monotonic() < deadline, f"not every method took the inner's raw lane: {counts}"
         time.sleep(0.1)
     assert all(key.endswith(":target") for key in counts if ":" in key), counts
+
+
+TOOL_SCENARIOS = [
+    "tools-call-simple-text",
+    "tools-call-image",
+    "tools-call-audio",
+    "tools-call-embedded-resource",
+    "tools-call-mixed-content",
+    "tools-call-with-logging",
+    "tools-call-error",
+    "tools-call-with-progress",
+    "tools-call-sampling",
+    "tools-call-elicitation",
+    "elicitation-sep1034-defaults",
+    "elicitation-sep1330-enums",
+]
+"""The scenarios that call tools, relays during the call included (logging, progress, sampling, elicitation)."""
+
+
+def test_the_tool_scenarios_by_the_route_in_a_chain(reference: str, tmp_path: Path) -> None:
+    """The tool scenarios, one after another, across the chain above with one shared inner aggregator:
+    its upstream runs from the outer's first listing on, so each call crosses the inner hop by the route
+    straight to the running upstream's raw leg (`RawRouter.route_of`), with what the upstream sends
+    during the call (log messages, progress, sampling and elicitation requests) relayed to its caller.
+    Each scenario must pass, and the inner's `raw lane closed` line must count every call as routed."""
+    ref = {"url": reference, "expose": "direct", "prefix": False}
+    third = chained_upstream(tmp_path / "third", {"ref": ref}, "info")
+    inner = chained_upstream(tmp_path / "inner", {"third": third}, "debug")
+    config = write_config(tmp_path, {"inner": inner})
+    with http_aggregator(config, "--data-dir", str(tmp_path / "data"), start_timeout=60) as url:
+        for scenario in TOOL_SCENARIOS:
+            outcome = conformance.run_suite(url, conformance.SUITE, tmp_path / scenario, scenario)
+            assert not outcome.failed(), f"{scenario}:\n{outcome.failures(tmp_path / scenario)}"
+    deadline = time.monotonic() + 10
+    while not (counts := lane_counts(tmp_path / "inner" / "serve.log")):
+        assert time.monotonic() < deadline, "no 'raw lane closed' line from the inner aggregator"
+        time.sleep(0.1)
+    assert counts.get("tools/call", 0) >= len(TOOL_SCENARIOS), counts
+    assert counts.get("route") == counts["tools/call"], counts
