@@ -1,6 +1,6 @@
 """How far `aggregator serve` is from the physical limit (issue 24), every figure beside its baseline in one run.
 
-    .venv/bin/python benchmarks/limits_bench.py [--reps 7] [--calls 1000] [--upstreams 5]
+    .venv/bin/python benchmarks/limits_bench.py [--reps 7] [--calls 1000] [--block 50] [--upstreams 5]
         [--only startup|calls|memory] [--before DIR]
 
 1. Start-up, broken down by phase (medians of interleaved runs, wall ms and the process's own CPU):
@@ -279,6 +279,9 @@ async def main() -> None:
     parser.add_argument("--upstreams", type=int, default=5, help="running upstreams for the memory figure")
     parser.add_argument("--reps", type=int, default=7, help="interleaved start-up runs")
     parser.add_argument("--calls", type=int, default=1000, help="round trips per path")
+    parser.add_argument(
+        "--block", type=int, default=50, help="calls per path in turn (smaller: a burst of load hits every path)"
+    )
     parser.add_argument("--only", choices=["startup", "calls", "memory"], help="run one section")
     parser.add_argument("--before", type=Path, help="source tree of a base commit: its raw paths join section 2")
     args = parser.parse_args()
@@ -286,7 +289,7 @@ async def main() -> None:
         if args.only in (None, "startup"):
             bench_startup(Path(tmp), args.reps)
         if args.only in (None, "calls"):
-            await bench_calls(Path(tmp), args.calls, before=args.before)
+            await bench_calls(Path(tmp), args.calls, args.block, before=args.before)
         if args.only in (None, "memory"):
             await bench_memory(Path(tmp), max(2, args.upstreams))
 

@@ -16,6 +16,7 @@ from aggregator.downstream.client_messages import (
     Refusal,
     SkippingLineSplitter,
     parse_client_line,
+    plain_fields,
     plain_request,
     top_level_id,
 )
@@ -109,6 +110,8 @@ def test_aplain_request_is_read_as_the_message_union_reads_it(
     assert union.model_dump(by_alias=True, exclude_unset=True) == fast.model_dump(by_alias=True, exclude_unset=True)
     parsed = parse_client_line(line)
     assert isinstance(parsed, SessionMessage) and parsed.message == union
+    fields = plain_fields(line)  # what the raw lane reads of it, no model built
+    assert fields is not None and (fields.id, fields.method, fields.params) == (union.id, union.method, union.params)
 
 
 def test_what_the_union_must_judge_is_not_read_as_aplain_request() -> None:

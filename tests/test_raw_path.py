@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from mcp_types.jsonrpc import CONNECTION_CLOSED
 
 from aggregator.downstream import stdio
+from aggregator.proxy.raw import RawLane
 from aggregator.proxy.server import AggregatorServer
 from tests.conftest import kit_upstream
 from tests.raw_harness import LineClient, raw_bench, raw_clients
@@ -431,6 +432,47 @@ def test_requests_started_from_the_read_callback_keep_every_rule(
             with anyio.move_on_after(0.2):
                 await answer.receive()
                 pytest.fail("a cancelled request was answered")
+
+    anyio.run(scenario)
+
+
+def test_a_line_the_read_callback_leaves_is_read_once_and_judged_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `start_now` read and refused goes to `route` with its reading and its rule: one `plain_fields`
+    per line (not one more `plain_request` in `parse_client_line`), one `_rule` per refused request (not
+    `takes` then `accepts`), and the refusal still counted and answered by the full path."""
+    reads: list[bytes] = []
+    rules: list[Any] = []
+    plain_fields, rule = stdio.plain_fields, RawLane._rule
+
+    def read(line: bytes) -> Any:
+        reads.append(line)
+        return plain_fields(line)
+
+    def judged(self: RawLane, message: Any) -> Any:
+        rules.append(message.id)
+        return rule(self, message)
+
+    monkeypatch.setattr(stdio, "plain_fields", read)
+    monkeypatch.setattr(stdio, "parse_client_line", lambda line: pytest.fail(f"read twice: {line!r}"))
+    monkeypatch.setattr(RawLane, "_rule", judged)
+    config = twin_config(tmp_path)
+
+    async def scenario() -> None:
+        async with raw_bench(config) as (server, client):
+            await client.request("tools/list")  # the direct tools known
+            await client.call("rawkit__echo", {"message": "first"})  # the lane's supervisor runs from here on
+            reads.clear(), rules.clear()
+            targets = server.raw.fallbacks.get("target", 0)
+            listing = {"name": "catalog_list_servers", "arguments": {}}
+            own = await client.request("tools/call", listing, request_id="own")
+            assert "result" in own
+            assert (rules, server.raw.fallbacks["target"]) == (["own"], targets + 1)
+            assert "result" in await client.request("tools/list", request_id="list")
+            await client.send({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"})
+            assert "result" in await client.request("ping", request_id="ping")
+            assert len(reads) == 4  # each line once
 
     anyio.run(scenario)
 

@@ -46,10 +46,12 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from aggregator.downstream.client_messages import (
     SHUTTING_DOWN,
     Oversized,
+    PlainRequest,
     Refusal,
     SkippingLineSplitter,
     parse_client_line,
-    plain_request,
+    parse_unplain_line,
+    plain_fields,
     refuse_oversized,
 )
 from aggregator.log import get_logger
@@ -170,9 +172,9 @@ class Lane(Protocol):
 
     def accepts(self, message: types.JSONRPCRequest, *, duplicate: bool) -> bool: ...
 
-    def takes(self, message: types.JSONRPCRequest) -> bool: ...
+    def takes(self, message: PlainRequest) -> bool: ...
 
-    def start(self, message: types.JSONRPCRequest, task_group: anyio.abc.TaskGroup) -> None: ...
+    def start(self, message: PlainRequest | types.JSONRPCRequest, task_group: anyio.abc.TaskGroup) -> None: ...
 
     def cancel(self, params: dict[str, Any] | None) -> bool: ...
 
@@ -388,6 +390,8 @@ class _Inbound:
         self.backlog, self._backlog_out = anyio.create_memory_object_stream[types.JSONRPCRequest](in_flight.limit)
         self._held: types.JSONRPCRequest | None = None  # taken from the backlog, waiting for room
         self._forwarding = anyio.CancelScope()
+        # the read callback's reading of the line it left to `route` (the next one `route` gets): read once
+        self._early: tuple[bytes, PlainRequest | None] | None = None
 
     async def route(self, item: bytes | Oversized) -> None:
         if isinstance(item, Oversized):
@@ -395,7 +399,7 @@ class _Inbound:
         elif not item.strip():
             return
         else:
-            parsed = parse_client_line(item)
+            parsed = self._parse(item)
         if isinstance(parsed, Refusal):
             log.warning("refused a client message", reason=parsed.reason, answered=parsed.reply is not None)
             if parsed.reply is not None:
@@ -417,12 +421,20 @@ class _Inbound:
         lane, in_flight = self.lane, self.in_flight
         if lane is None or self.task_group is None or in_flight.queued or not in_flight.has_room() or in_flight.closed:
             return False
-        request = plain_request(line)
+        request = plain_fields(line)  # no request model: the lane reads the fields (`model()` if it leaves it)
         if request is None or request.id in in_flight or not lane.takes(request):
+            self._early = (line, request)
             return False
         in_flight.add(request.id, request.method)
         lane.start(request, self.task_group)
         return True
+
+    def _parse(self, line: bytes) -> SessionMessage | Refusal:
+        """`parse_client_line`, or what `start_now` already read of this very line."""
+        early, self._early = self._early, None
+        if early is None or early[0] != line:
+            return parse_client_line(line)
+        return SessionMessage(early[1].model()) if early[1] is not None else parse_unplain_line(line)
 
     async def _submit(self, message: types.JSONRPCRequest) -> None:
         duplicate = message.id in self.in_flight  # the client reused the id of a request in flight

@@ -9,7 +9,10 @@ envelope and the SDK's own validator the params (a plain `tools/call`'s are chec
 terms, `raw_checks.py`): the same handler code runs
 (`AggregatorServer.call_tool_for`, `Passthrough.*_for`: lazy start, name resolution, faults,
 secrets masking and `on_call_result` are those of the full path), its result is sieved exactly
-as the SDK's runner sieves it and written to the client as bytes with the client's own id.
+as the SDK's runner sieves it and written to the client as bytes with the client's own id. A
+tools/call whose upstream runs and lists the tool skips those handler layers: a route found by the
+lane's rules (`RawRouter.route_of`, `upstream/pool.py` `ToolRoute`) takes it straight to the
+upstream's raw leg, with the same bookkeeping around the request.
 Upstream, the request goes as bytes too (`upstream/raw_calls.py`) unless that upstream says
 `call_path: full`.
 
@@ -40,16 +43,19 @@ from mcp_types.methods import is_input_required, serialize_server_result, valida
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
+from aggregator.faults import Fault
 from aggregator.log import get_logger
 from aggregator.proxy.passthrough import forwarded_meta
 from aggregator.proxy.raw_checks import plain_text_result, tools_call_params_ok
 from aggregator.proxy.relay import RawOrigin
-from aggregator.tools.base import ToolContext, invalid_result
+from aggregator.tools.base import ToolContext, fault_result, invalid_result
 from aggregator.tools.catalog import CATALOG_CALL
 from aggregator.wire import encode, error_line, json_line
 
 if TYPE_CHECKING:
+    from aggregator.proxy.exposure import DirectTool
     from aggregator.proxy.server import AggregatorServer
+    from aggregator.upstream.pool import ToolRoute
 
 log = get_logger(__name__)
 
@@ -66,6 +72,20 @@ class Replies(Protocol):
     def send_nowait(self, line: bytes) -> None: ...
 
 
+class Request(Protocol):
+    """A client's request as a lane reads it: the request model, or `downstream.client_messages.PlainRequest`
+    (the fields of a line the read callback starts at once, no model built)."""
+
+    @property
+    def id(self) -> str | int: ...
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def params(self) -> dict[str, Any] | None: ...
+
+
 Done = Callable[[Any], None]
 """Told when a raw call's answer is on its way to the client (or none is due): its in-flight slot is free."""
 
@@ -77,14 +97,19 @@ class RawRouter:
         self.server = server
         self.taken = 0  # calls answered on the raw path (tests read it)
         self.fallbacks: dict[str, int] = {}  # rule → calls that fell back to the full path
+        self.routed = 0  # of those, tools/call that went by a route straight to the upstream's raw leg (tests read it)
+        # a tools/call's name (catalog_call_tool's (upstream, tool)) → its route and the direct tool it was made for
+        self._routes: dict[Any, tuple[ToolRoute, DirectTool | None]] = {}
+        server.pool.store.subscribe(lambda _server, _catalog: self._routes.clear())
+        server.pool.on_reconfigure(lambda _diff: self._routes.clear())
 
     def lane(self, replies: Replies, done: Done) -> RawLane:
         """The raw calls of one client, answered through `replies` (`downstream/stdio.py`'s `Outbox`)."""
         return RawLane(self, replies, done)
 
-    def fallback(self, rule: str, request_id: Any) -> None:
+    def fallback(self, rule: str, request_id: Any, method: str) -> None:
         self.fallbacks[rule] = self.fallbacks.get(rule, 0) + 1
-        log.debug("raw path not taken", rule=rule, id=request_id)
+        log.debug("raw path not taken", rule=rule, id=request_id, method=method)
 
     def route(self, method: str, params: Mapping[str, Any]) -> str | None:
         """Why a valid request must take the full path (a rule's name), or None."""
@@ -114,6 +139,53 @@ class RawRouter:
         direct = self.server.direct_tool_now(name)
         return direct.server if direct is not None else None
 
+    def route_of(self, params: Mapping[str, Any]) -> tuple[ToolRoute, Mapping[str, Any]] | None:
+        """A `tools/call`'s route straight to its upstream's raw leg, and the arguments to send; None: the
+        handler layers answer it (`answer`), e.g. a tool not listed by a running upstream, bad arguments.
+
+        Routes are kept per name (catalog_call_tool: per upstream and tool), dropped when a
+        catalog or the config changes, and checked on each use (`ToolRoute.current`, and for a direct
+        tool that the exposure table still maps the name to the same tool)."""
+        name, arguments = params["name"], params.get("arguments")
+        key: Any
+        if name == CATALOG_CALL:
+            if type(arguments) is not dict:
+                return None
+            server, tool, arguments = arguments.get("server"), arguments.get("tool"), arguments.get("arguments", {})
+            upstream = self.server.pool.resolve(server) if type(server) is str else None
+            if upstream is None or type(tool) is not str:
+                return None
+            key, arguments = (upstream, tool), {} if arguments is None else arguments  # never more keys than tools
+            if type(arguments) is not dict:
+                return None  # `CatalogTools.call_tool` answers it (invalid_argument)
+        elif name in self.server.own_tool_names:
+            return None
+        else:
+            key, arguments = name, arguments or {}
+        known = self._routes.get(key)
+        if (
+            known is None
+            or not known[0].current()
+            or (known[1] is not None and self.server.direct_tool_now(name) is not known[1])
+        ):
+            known = self._new_route(key)
+            if known is None:
+                return None
+        return known[0], arguments
+
+    def _new_route(self, key: Any) -> tuple[ToolRoute, DirectTool | None] | None:
+        pool = self.server.pool
+        if isinstance(key, tuple):
+            route, direct = pool.tool_route(*key), None
+        else:
+            direct = self.server.direct_tool_now(key)
+            route = pool.tool_route(direct.server, direct.tool) if direct is not None else None
+        if route is None:
+            self._routes.pop(key, None)
+            return None
+        self._routes[key] = known = (route, direct)
+        return known
+
     async def answer(self, method: str, params: Mapping[str, Any], caller: ToolContext, version: str) -> Any:
         """What the full path's handler for `method` returns (an `MCPError` raised as it would be)."""
         passthrough = self.server.passthrough
@@ -138,40 +210,58 @@ class RawLane:
         self._settled: set[Any] = set()  # calls cancelled by their client, or whose answer is being written
         self._running: set[Any] = set()  # calls whose task has started (only those are cancelled as tasks)
         self._supervised = self._closing = False
+        self._routed: dict[Any, tuple[ToolRoute, Mapping[str, Any]]] = {}  # id → the route `_rule` found for it
+        self._refused: tuple[Any, str] | None = None  # the id of the request `takes` refused last, and why
+        # "<method>" → calls taken, "route" → tools/call of those by a route, "<method>:<rule>" → left to the full path
+        self.counts: dict[str, int] = {}
 
     def bind(self, connection: Connection) -> None:
         if self.connection is None:
             self.connection = connection
 
-    def accepts(self, message: types.JSONRPCRequest, *, duplicate: bool = False) -> bool:
+    def accepts(self, message: Request, *, duplicate: bool = False) -> bool:
         """Whether this request takes the raw path (else the SDK's runner gets it).
 
         `duplicate`: the client's id is that of a request still in flight (on either path).
         """
         if message.method not in RAW_METHODS:
             return False
+        refused, self._refused = self._refused, None
         try:
-            rule = "duplicate_id" if duplicate else self._rule(message)
+            if duplicate:
+                rule: str | None = "duplicate_id"
+            elif refused is not None and refused[0] == message.id:  # `takes` has just judged this request
+                rule = refused[1]
+            else:
+                rule = self._rule(message)
         except Exception as exc:  # a bug here must not end the client's session: the full path answers
             log.warning("raw path check failed", error=f"{type(exc).__name__}: {exc}"[:300])
             rule = "error"
         if rule is not None:
-            self.router.fallback(rule, message.id)
+            self.router.fallback(rule, message.id, message.method)
+            self._count(f"{message.method}:{rule}")
             return False
         return True
 
-    def takes(self, message: types.JSONRPCRequest) -> bool:
+    def _count(self, key: str) -> None:
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def takes(self, message: Request) -> bool:
         """`accepts` for a request whose id is not in flight, without counting or logging a refusal
-        (the read callback asks first; what it leaves goes through `accepts`). Not before the lane's
-        first call has started its supervisor in the session's task group, from a task."""
+        (the read callback asks first; what it leaves goes through `accepts`, which reuses the rule found
+        here). Not before the lane's first call has started its supervisor in the session's task group,
+        from a task."""
         if message.method not in RAW_METHODS or not self._supervised:
             return False
         try:
-            return self._rule(message) is None
+            rule = self._rule(message)
         except Exception:
             return False
+        if rule is not None:
+            self._refused = (message.id, rule)  # for `accepts`, which gets this request next (as a model)
+        return rule is None
 
-    def _rule(self, message: types.JSONRPCRequest) -> str | None:
+    def _rule(self, message: Request) -> str | None:
         connection = self.connection
         if (
             connection is None
@@ -187,6 +277,9 @@ class RawLane:
         assert params is not None  # the four methods require params
         if "task" in params:
             return "task"
+        if message.method == "tools/call" and (routed := self.router.route_of(params)) is not None:
+            self._routed[message.id] = routed  # a route implies the target's rules: the call takes it
+            return None
         return self.router.route(message.method, params)
 
     def _params_valid(self, method: str, version: str, params: Mapping[str, Any] | None) -> bool:
@@ -201,7 +294,7 @@ class RawLane:
             return False
         return True
 
-    def start(self, message: types.JSONRPCRequest, task_group: anyio.abc.TaskGroup) -> None:
+    def start(self, message: Request, task_group: anyio.abc.TaskGroup) -> None:
         """Run the call in an asyncio task of its own: a fifth of anyio's cost to start one (the server
         runs on asyncio). `_supervise`, in `task_group`, cancels the calls when the session ends."""
         if not self._supervised:
@@ -229,6 +322,8 @@ class RawLane:
         try:
             await anyio.sleep_forever()
         finally:
+            # what this client's requests did, for a look from outside (`tests/test_conformance.py`'s chain)
+            log.info("raw lane closed", counts=" ".join(f"{key}={n}" for key, n in sorted(self.counts.items())))
             self._closing = True  # a call not started yet answers as soon as it starts
             for request_id in self._running:
                 self._calls[request_id].cancel()
@@ -236,7 +331,7 @@ class RawLane:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(2 * SHUTDOWN_WRITE_SECONDS):
                     await asyncio.wait(list(self._calls.values()))
 
-    async def _run(self, message: types.JSONRPCRequest) -> None:
+    async def _run(self, message: Request) -> None:
         """One call; its answer written unless the client cancelled it (or the session ended).
 
         A task cancelled before its first step would never run this body (nor its `finally`), so a
@@ -261,6 +356,7 @@ class RawLane:
         except Exception as exc:  # nothing else is raised here; were it, the client's slot must still be freed
             log.error("raw call failed", error=f"{type(exc).__name__}: {exc}"[:300])
         finally:
+            self._routed.pop(request_id, None)  # a call cancelled before it ran never took its route
             del self._calls[request_id]
             self._settled.discard(request_id)
             self._running.discard(request_id)
@@ -275,26 +371,38 @@ class RawLane:
         ):
             await self._replies.send(line)
 
-    async def _call(self, message: types.JSONRPCRequest) -> bytes:
+    async def _call(self, message: Request) -> bytes:
         assert self.connection is not None and message.params is not None
-        params, method = message.params, message.method
+        params, method, request_id = message.params, message.method, message.id
         version = self.connection.protocol_version
-        caller = ToolContext(
-            report_progress=self._progress(params),
-            extra=forwarded_meta(params),
-            origin=RawOrigin(self.connection, message.id),
-        )
-        self.router.taken += 1
+        router = self.router
+        router.taken += 1
+        self._count(method)
+        origin = RawOrigin(self.connection, request_id)
+        # The route `_rule` found when it let the call in, a loop turn ago, not looked at again: what may
+        # change in that turn (a reload, a new listing) meets a call let in just before it on the layers'
+        # path too, and a dead upstream's raw leg answers as the layers' request would.
+        routed = self._routed.pop(request_id, None)
         try:
-            result = await self.router.answer(method, params, caller, version)
+            if routed is None:
+                progress, extra = self._progress(params), forwarded_meta(params)
+                result = await router.answer(method, params, ToolContext(progress, extra, origin), version)
+            else:  # what `call_tool_for` gives for it, without the layers between (a stdio upstream never
+                router.routed += 1  # asks for a sign-in: a fault is the fault result)
+                self._count("route")
+                route, arguments = routed
+                try:
+                    result = await route.call(arguments, self._progress(params), forwarded_meta(params), origin)
+                except Fault as fault:
+                    result = fault_result(fault)
         except Exception as exc:  # as the SDK's dispatcher answers a handler's exception
-            return _error_answer(message.id, method, exc)
-        return _result_line(message.id, method, result, version, self.router.server.lowlevel.cache_hints.get(method))
+            return _error_answer(request_id, method, exc)
+        return _result_line(request_id, method, result, version, router.server.lowlevel.cache_hints.get(method))
 
     def _progress(self, params: Mapping[str, Any]) -> Any:
         """The client's progress token, reported to as the SDK's `report_progress` does (never blocking)."""
         meta = params.get("_meta")
-        token = meta.get("progressToken") if isinstance(meta, Mapping) else None
+        token = meta.get("progressToken") if type(meta) is dict or isinstance(meta, Mapping) else None
         if not isinstance(token, str | int) or isinstance(token, bool):  # as the SDK reads it
             return _no_progress
         replies = self._replies

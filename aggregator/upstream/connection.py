@@ -510,8 +510,7 @@ class UpstreamConnection:
             else:
                 result = await _sdk_request(session, method, plain, progress, budget)
         except DeadlinePassed:
-            what = what or f"{self.name} {method}"
-            raise Fault("timeout", f"{what} did not answer within {budget:g}s (no progress either)") from None
+            raise _timeout(what or f"{self.name} {method}", budget) from None
         except MCPError as exc:
             lost = exc.code == CONNECTION_CLOSED or (handle is not None and handle.closed.is_set())
             if lost and client is not None and handle is not None:
@@ -550,6 +549,43 @@ class UpstreamConnection:
         if self.config.call_path != "raw" or client is not None or handle is None or (params and "task" in params):
             return None
         return handle.raw
+
+    # ------------------------------------------------------------ the raw route (proxy/raw.py)
+
+    def raw_leg(self) -> RawLeg | None:
+        """The running shared session's raw leg, when a tool call may go straight to it (`UpstreamPool.tool_route`):
+        ready (nothing to start or wait for), `call_path: raw` on stdio, one session for every client."""
+        run = self._run
+        if self.state is not State.READY or self._stopping or run is None or run.session is None or run.handle is None:
+            return None
+        raw = run.handle.raw
+        if raw is None or raw.closed or self.config.call_path != "raw" or self.config.per_client_sessions:
+            return None
+        return RawLeg(run, raw)
+
+    def leg_current(self, leg: RawLeg) -> bool:
+        """Whether `leg` is still the running session's (no restart, crash or stop since `raw_leg`)."""
+        run = leg.run
+        return self._run is run and self.state is State.READY and run.session is not None and not leg.raw.closed
+
+    async def call_on(
+        self, leg: RawLeg, params: dict[str, Any], progress: ProgressFn | None, origin: Any, what: str
+    ) -> dict[str, Any]:
+        """`call_tool` on a leg `raw_leg` gave (nothing started, no session looked up): the same record of
+        `origin` for relays, deadline, cancellation and faults as `request` on the raw leg."""
+        key = self._next_origin = self._next_origin + 1
+        self._origins[key] = (origin, None)
+        budget = self.config.timeouts.call
+        try:
+            result: dict[str, Any] = await leg.raw.request("tools/call", params, progress, budget)
+        except DeadlinePassed:
+            raise _timeout(what, budget) from None
+        except MCPError as exc:  # a stdio upstream never needs a sign-in: `_settle_sign_in` has nothing to do
+            raise self._call_fault(leg.run, exc) from None
+        finally:
+            del self._origins[key]
+        self._failures = 0
+        return result
 
     def _call_fault(self, run: _Run | None, exc: MCPError) -> Fault:
         """The fault for a failed call. A JSON-RPC error is the upstream's answer, and the
@@ -602,6 +638,18 @@ async def _sdk_request(
     if scope.cancelled_caught:
         raise DeadlinePassed
     return result
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RawLeg:
+    """One run's raw leg (`UpstreamConnection.raw_leg`): valid while `UpstreamConnection.leg_current`."""
+
+    run: _Run
+    raw: RawCalls
+
+
+def _timeout(what: str, budget: float) -> Fault:
+    return Fault("timeout", f"{what} did not answer within {budget:g}s (no progress either)")
 
 
 def _closed_reason(handle: TransportHandle) -> str:

@@ -29,7 +29,7 @@ from aggregator.faults import Fault
 from aggregator.log import get_logger, register_secrets
 from aggregator.sdk import ProgressFn
 from aggregator.suggest import closest
-from aggregator.upstream.connection import State, UpstreamConnection
+from aggregator.upstream.connection import RawLeg, State, UpstreamConnection
 from aggregator.upstream.oauth_offers import SignInOffers
 from aggregator.upstream.oauth_providers import Authenticator
 from aggregator.upstream.oauth_tokens import TokenStore
@@ -231,18 +231,46 @@ class UpstreamPool:
         `unknown_tool` instead of reaching the upstream.
         """
         conn = self.connection(server)
-        self._busy[conn] = self._busy.get(conn, 0) + 1
+        self._enter(conn)
         try:
             if self._store.live(server) is None:
                 snapshot = self._store.get(server)
                 require_tool(await conn.ensure_catalog(), tool, snapshot)
             result = await conn.call_tool(tool, arguments, progress, extra=extra, origin=origin)
         finally:
-            self._busy[conn] -= 1
-            if not self._busy[conn]:
-                del self._busy[conn]
+            self._leave(conn)
         self.on_call_result(server, result)
         return result
+
+    def _enter(self, conn: UpstreamConnection) -> None:
+        """A call to `conn` begins: counted, so a reload lets it finish before stopping `conn`."""
+        self._busy[conn] = self._busy.get(conn, 0) + 1
+
+    def _leave(self, conn: UpstreamConnection) -> None:
+        self._busy[conn] -= 1
+        if not self._busy[conn]:
+            del self._busy[conn]
+
+    def tool_route(self, server: str, tool: str) -> ToolRoute | None:
+        """The way straight to the raw leg of `server` for a call of its exposed tool `tool`, or None (the
+        call goes through `call_tool`): `server` runs (its live catalog lists `tool`) and its raw leg is up."""
+        conn = self._connections.get(server)
+        catalog = self._store.live(server)
+        if conn is None or catalog is None:
+            return None
+        entry = catalog.tool(tool)
+        leg = conn.raw_leg()
+        if entry is None or entry.hidden or leg is None:
+            return None
+        return ToolRoute(self, conn, leg, catalog, entry.name)
+
+    def _current(self, route: ToolRoute) -> bool:
+        conn = route.conn
+        return (
+            self._connections.get(conn.name) is conn
+            and self._store.live(conn.name) is route.catalog
+            and conn.leg_current(route.leg)
+        )
 
     def client_gone(self, client: Any) -> None:
         """A downstream client disconnected: end the upstream sessions it had of its own (docs/isolation.md),
@@ -465,6 +493,43 @@ class UpstreamPool:
     async def flush_snapshots(self) -> None:
         """Wait until every snapshot write under way has finished."""
         await self._snapshot_keeper.flush()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ToolRoute:
+    """A tool call's way from the raw lane (`proxy/raw.py`) straight to a running upstream's raw leg.
+
+    `UpstreamPool.call_tool` → `UpstreamConnection.call_tool` → `request` → `_request` look up, on every
+    call, what does not change from one call to the next while the upstream runs: the connection, its
+    catalog and the tool in it, its session and raw leg. A route holds them; `current()` says (by identity,
+    a few attribute reads) whether they still hold: no reload replaced the connection, no listing replaced
+    the catalog, no crash, restart or stop ended the leg. The call keeps what the layers do around the
+    request: the pool's busy count (a reload waits for it), the origin of the call (relays find its
+    client), the deadline, cancellation, the fault taxonomy and `on_call_result`.
+    """
+
+    pool: UpstreamPool
+    conn: UpstreamConnection
+    leg: RawLeg
+    catalog: Catalog
+    tool: str
+
+    def current(self) -> bool:
+        return self.pool._current(self)
+
+    async def call(
+        self, arguments: Mapping[str, Any], progress: ProgressFn | None, extra: Mapping[str, Any] | None, origin: Any
+    ) -> dict[str, Any]:
+        """`UpstreamPool.call_tool(server, tool, ...)` for a route `current()` a moment ago."""
+        pool, conn = self.pool, self.conn
+        params = {**(extra or {}), "name": self.tool, "arguments": arguments}
+        pool._enter(conn)
+        try:
+            result = await conn.call_on(self.leg, params, progress, origin, f"{conn.name}/{self.tool}")
+        finally:
+            pool._leave(conn)
+        pool.on_call_result(conn.name, result)
+        return result
 
 
 @dataclass(frozen=True, slots=True)

@@ -161,7 +161,8 @@ async def _stdio(config: UpstreamConfig, stderr: StderrTail) -> AsyncIterator[Tr
     write, from_session = anyio.create_memory_object_stream[SessionMessage](64)
     assert process.stdin is not None
     handle = TransportHandle(read, write, pid=process.pid, limit=config.max_message_bytes)
-    stdin = LineWriter(process.stdin, lambda: _closed(handle), lambda: _guard_fd(process.stdin))
+    pipe = process.stdin if isinstance(process.stdin, PipeSend) else None  # asked once: an ABC's check is slow
+    stdin = LineWriter(process.stdin, lambda: _closed(handle), pipe.fileno if pipe is not None else lambda: None)
     try:
         async with anyio.create_task_group() as tg:
             handle.raw = RawCalls(stdin, tg.start_soon, to_session)
