@@ -549,8 +549,9 @@ def test_a_script_without_shebang_is_not_run_through_sh(guard: str, tmp_path: Pa
 
 @pytest.fixture
 def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A cache with no C guard built yet."""
+    """A cache with no C guard built yet, and no background build of an earlier test in this process."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(guard_build, "_builder", guard_build._Builder())
     return tmp_path / "cache" / "aggregator" / "guard"
 
 
