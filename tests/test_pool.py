@@ -245,3 +245,25 @@ async def test_restarted_http_upstream_gets_a_new_session() -> None:
             assert outcome is not None and outcome.get("isError") is not True
     finally:
         stop(proc)
+
+
+async def test_a_call_in_flight_when_its_upstream_is_stopped_says_so() -> None:
+    """A stop (a reload's retire after its grace, or shutdown) ends the call with a fault that says why,
+    not with `upstream 'kit': None` (nothing is recorded as the upstream's last error for a stop)."""
+    config = config_of({"kit": kit_upstream()})
+    async with UpstreamPool.running(config) as pool:
+        await pool.ensure_catalog("kit")
+        outcome: list[BaseException] = []
+
+        async def call() -> None:
+            try:
+                await pool.call_tool("kit", "slow", {"seconds": 30})
+            except Fault as fault:
+                outcome.append(fault)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await anyio.sleep(0.5)
+            pool.connection("kit").request_stop()
+        assert len(outcome) == 1 and isinstance(outcome[0], Fault), outcome
+        assert "was stopped during the call" in str(outcome[0]) and "None" not in str(outcome[0])

@@ -379,10 +379,11 @@ class RawLane:
         router.taken += 1
         self._count(method)
         origin = RawOrigin(self.connection, request_id)
-        # The route `_rule` found when it let the call in, a loop turn ago, not looked at again: what may
-        # change in that turn (a reload, a new listing) meets a call let in just before it on the layers'
-        # path too, and a dead upstream's raw leg answers as the layers' request would.
+        # The route `_rule` found when it let the call in, a loop turn ago: a reload, a new listing or a
+        # death noticed in that turn sends the call to the layers, which look the upstream up again.
         routed = self._routed.pop(request_id, None)
+        if routed is not None and not routed[0].current():
+            routed = None
         try:
             if routed is None:
                 progress, extra = self._progress(params), forwarded_meta(params)

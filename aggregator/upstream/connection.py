@@ -602,7 +602,9 @@ class UpstreamConnection:
             self._failed(run, self._exit_reason(f"{reason} during a call"))
         if handle is not None and handle.overflow:
             return Fault("response_too_large", f"upstream {self.name!r} sent a message over {handle.limit} bytes")
-        return Fault("upstream_error", f"upstream {self.name!r}: {self.last_error}")
+        if self._stopping:  # `_failed` records nothing for an upstream being stopped
+            return Fault("upstream_error", f"upstream {self.name!r} was stopped during the call (a reload or shutdown)")
+        return Fault("upstream_error", f"upstream {self.name!r}: {self.last_error or 'connection closed'}")
 
     # ------------------------------------------------------------ stop
 
