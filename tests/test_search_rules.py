@@ -465,3 +465,33 @@ def test_a_server_field_that_only_repeats_its_tool_counts_once() -> None:
     assert richer.all_scores("forecasts")["weather", "weather"] > bare.all_scores("forecasts")["weather", "weather"]
     echoed_fields = {m.term: m.fields for m in echoed.explain("weather forecasts", "weather", "weather")}
     assert echoed_fields == {"weather": ("name",), "forecasts": ("description",)}  # explain names what counted
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.sampled_from(["convert", "converts", "converted", "time", "timer", "zone"])),
+        max_size=30,
+    ),
+    st.integers(min_value=0, max_value=30),
+)
+def test_the_vocabulary_made_lazily_matches_one_kept_up_to_date(ops: list[tuple[bool, str]], first_lookup: int) -> None:
+    """The stem table is made at the first lookup (PyStemmer stays out of a `serve` that never searches):
+    adds and removes before and after it give the tiers a table kept up to date from the start gives."""
+    from aggregator.catalog.search.vocabulary import Vocabulary
+
+    lazy, eager = Vocabulary(DEFAULT_PARAMS), Vocabulary(DEFAULT_PARAMS)
+    eager.expand("warm", True)  # its stem table exists from here on
+    held: set[str] = set()
+    for step, (adding, term) in enumerate(ops):
+        if step == first_lookup:
+            lazy.expand("warm", True)
+        if adding and term not in held:
+            held.add(term)
+            lazy.add(term), eager.add(term)
+        elif not adding and term in held:
+            held.discard(term)
+            lazy.remove(term), eager.remove(term)
+        lazy.forget(), eager.forget()
+    for token in ("convert", "time", "zone", "converting", "tim"):
+        assert lazy.expand(token, True) == eager.expand(token, True)

@@ -9,7 +9,7 @@ Han/kana), and only a word of the query itself may match at those tiers.
 Lookups are indexed, never scanned: a stem table gives the exact tier, a
 trigram table (single characters for Han/kana) over the vocabulary the
 candidates for prefix and substring. Both follow the vocabulary as documents
-come and go.
+come and go; the stem table is made at the first lookup (stemming loads PyStemmer).
 """
 
 from __future__ import annotations
@@ -39,22 +39,31 @@ class Vocabulary:
 
     def __init__(self, params: RankingParams) -> None:
         self._p = params
-        self._stems: dict[str, set[str]] = {}
+        self._stems: dict[str, set[str]] | None = None  # built at the first lookup (`_stem_table`)
+        self._unstemmed: set[str] | None = set()  # the terms until then
         self._grams: dict[str, set[str]] = {}
         self._expansions: dict[tuple[str, bool], Tiers] = {}
 
     def add(self, term: str) -> None:
         """A term that no document held before."""
-        self._stems.setdefault(stem(term), set()).add(term)
+        if self._stems is None:
+            assert self._unstemmed is not None
+            self._unstemmed.add(term)
+        else:
+            self._stems.setdefault(stem(term), set()).add(term)
         for gram in term_grams(term):
             self._grams.setdefault(gram, set()).add(term)
 
     def remove(self, term: str) -> None:
         """A term that the last document holding it took away."""
-        key = stem(term)
-        self._stems[key].discard(term)
-        if not self._stems[key]:
-            del self._stems[key]
+        if self._stems is None:
+            assert self._unstemmed is not None
+            self._unstemmed.discard(term)
+        else:
+            key = stem(term)
+            self._stems[key].discard(term)
+            if not self._stems[key]:
+                del self._stems[key]
         for gram in term_grams(term):
             terms = self._grams[gram]
             terms.discard(term)
@@ -71,7 +80,7 @@ class Vocabulary:
         cached = self._expansions.get((token, partial))
         if cached is not None:
             return cached
-        same_stem = self._stems.get(stem(token), set())
+        same_stem = self._stem_table().get(stem(token), set())
         exact = tuple((t, self._stem_factor(token, t)) for t in sorted(same_stem))
         prefix: list[tuple[str, float]] = []
         substring: list[tuple[str, float]] = []
@@ -83,6 +92,17 @@ class Vocabulary:
             self._expansions.clear()
         self._expansions[token, partial] = expansion
         return expansion
+
+    def _stem_table(self) -> dict[str, set[str]]:
+        """The terms by stem, made at the first lookup rather than as documents come: stemming loads
+        PyStemmer (0.7 MB of RSS), which a `serve` whose client never searches does not need."""
+        if self._stems is None:
+            assert self._unstemmed is not None
+            stems: dict[str, set[str]] = {}
+            for term in self._unstemmed:
+                stems.setdefault(stem(term), set()).add(term)
+            self._stems, self._unstemmed = stems, None
+        return self._stems
 
     def _stem_factor(self, token: str, term: str) -> float:
         """How much a vocabulary term of the token's stem counts: in full when it is the token, an
