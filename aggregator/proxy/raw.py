@@ -98,6 +98,7 @@ class RawRouter:
         self.taken = 0  # calls answered on the raw path (tests read it)
         self.fallbacks: dict[str, int] = {}  # rule → calls that fell back to the full path
         self.routed = 0  # of those, tools/call that went by a route straight to the upstream's raw leg (tests read it)
+        self.stale_routes = 0  # tools/call let in with a route that went stale before it ran: the layers took it
         # a tools/call's name (catalog_call_tool's (upstream, tool)) → its route and the direct tool it was made for
         self._routes: dict[Any, tuple[ToolRoute, DirectTool | None]] = {}
         server.pool.store.subscribe(lambda _server, _catalog: self._routes.clear())
@@ -383,7 +384,7 @@ class RawLane:
         # death noticed in that turn sends the call to the layers, which look the upstream up again.
         routed = self._routed.pop(request_id, None)
         if routed is not None and not routed[0].current():
-            routed = None
+            routed, router.stale_routes = None, router.stale_routes + 1
         try:
             if routed is None:
                 progress, extra = self._progress(params), forwarded_meta(params)
