@@ -142,6 +142,21 @@ def test_everyday_requests_find_the_right_tool_in_the_top_3(query: str, expected
     assert expected & set(top), top
 
 
+# One word of a tool's name ("text" in read_text_file, "links" in get-resource-links) used to
+# decide the first place; the tool that accounts for most of the request now comes first (coverage).
+FIRST = [
+    ("replace a word in a text file", "filesystem/edit_file"),
+    ("create a text file with a shopping list", "filesystem/write_file"),
+    ("link Alice to her employer Acme in memory", "memory/create_relations"),
+]
+
+
+@pytest.mark.parametrize(("query", "expected"), FIRST, ids=[q for q, _ in FIRST])
+def test_the_tool_covering_most_of_the_request_comes_first(query: str, expected: str) -> None:
+    index, _ = build(REAL.values())
+    assert "/".join(ranked(index, query, 1)[0]) == expected, ranked(index, query, 3)
+
+
 def test_a_one_tool_server_described_as_its_tool_ranks_as_without_metadata() -> None:
     """An operator who copies a one-tool server's tool description into its metadata adds no
     evidence: every everyday request ranks as it does without that metadata."""
