@@ -59,5 +59,5 @@ def explain(
             share = 1.0 if (qterm, (value, term, tier)) == top else tie
             holding = tuple(f for f in FIELDS if term in fields.get(f, ()))
             matches.append(Match(qterm.token, qterm.origin, term, tier, holding, share * value))
-    factor = Combine(tie, tuple(searched_weights), coverage).factor(covered)
+    factor = Combine(tie, tuple(searched_weights), coverage).factors({0: covered})[0]
     return [replace(m, contribution=m.contribution * factor) for m in matches]

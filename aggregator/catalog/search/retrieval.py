@@ -79,13 +79,13 @@ class Combine:
     weights: tuple[float, ...] = ()
     coverage: float = 0.0
 
-    def factor(self, covered: float) -> float:
-        """The factor of a document that covers `covered` of the weights (at least LEAST_FACTOR:
-        a tool that matches only function words of a request keeps part of its score)."""
+    def factors(self, covered: Mapping[int, float]) -> dict[int, float]:
+        """Per document, the factor of its `covered` weight (at least LEAST_FACTOR: a tool that
+        matches only function words of a request keeps part of its score)."""
         whole = sum(self.weights)
         if whole <= 0 or self.coverage <= 0:
-            return 1.0
-        return max(LEAST_FACTOR, (covered / whole) ** self.coverage)
+            return dict.fromkeys(covered, 1.0)
+        return {d: max(LEAST_FACTOR, (c / whole) ** self.coverage) for d, c in covered.items()}
 
 
 def stats_size(stats: TokenStats) -> int:
@@ -163,16 +163,17 @@ def bulk_scores(docs: Iterable[int], groups: Sequence[Group], combine: Combine) 
     depend on which documents were scored together or how they were found.
     """
     totals = dict.fromkeys(docs, 0.0)
-    covered = dict.fromkeys(docs, 0.0)
+    covered = dict.fromkeys(totals, 0.0) if combine.coverage > 0 else None
     weights = combine.weights or (0.0,) * len(groups)
     for group, weight in zip(groups, weights, strict=True):
         values = group_values(totals, group, combine.tie)
         totals.update({d: totals[d] + v for d, v in values.items()})
-        if weight:
+        if covered is not None and weight:
             covered.update({d: covered[d] + weight for d in values})
-    if combine.coverage <= 0:
+    if covered is None:
         return totals
-    return {d: score * combine.factor(covered[d]) for d, score in totals.items()}
+    factors = combine.factors(covered)
+    return {d: score * factors[d] for d, score in totals.items()}
 
 
 class TopK:
