@@ -258,7 +258,7 @@ def test_a_word_common_in_english_weighs_less() -> None:
     assert terms["find"].weight < terms["near"].weight < terms["apartments"].weight == 1.0
     assert terms["the"].weight == DEFAULT_PARAMS.stop_word
     assert first == "rentals"
-    flat = ToolSearchIndex(replace(DEFAULT_PARAMS, common_slope=0.0))
+    flat = ToolSearchIndex(replace(DEFAULT_PARAMS, common_slope=0.0, related_rare=0.0))  # the words alone
     store = CatalogStore()
     flat.attach(store)
     store.put(synthetic("s", *tools))
@@ -308,15 +308,16 @@ def test_a_tool_that_covers_more_of_the_request_outranks_one_word_lifts() -> Non
         },
         {"name": "note", "description": "Keep a note about the cats."},
     )
-    plain = _with(replace(DEFAULT_PARAMS, coverage=0.0), catalog)
-    index = _with(DEFAULT_PARAMS, catalog)
+    alone = replace(DEFAULT_PARAMS, related_rare=0.0)  # "zodiac", held by one tool, lends no words here
+    plain = _with(replace(alone, coverage=0.0), catalog)
+    index = _with(alone, catalog)
     query = "rain tomorrow zodiac"
     assert ranked(plain, query)[:2] == [("s", "zodiac"), ("s", "forecast")]  # the summed evidence alone
     assert ranked(index, query)[:2] == [("s", "forecast"), ("s", "zodiac")]
     weight = {t.token: t.weight for t in index.query_terms(query)}
     share = (weight["rain"] + weight["tomorrow"]) / (weight["rain"] + weight["tomorrow"] + weight["zodiac"])
     before, after = (next(h.score for h in i.search(query, 5) if h.tool == "forecast") for i in (plain, index))
-    assert after == pytest.approx(before * share**DEFAULT_PARAMS.coverage)
+    assert after == pytest.approx(before * share**alone.coverage)
     assert sum(m.contribution for m in index.explain(query, "s", "forecast")) == pytest.approx(after)
     stop_only = "the zodiac"  # "note" matches "the" only
     before, after = (next(h.score for h in i.search(stop_only, 5) if h.tool == "note") for i in (plain, index))
