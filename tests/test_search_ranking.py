@@ -104,6 +104,9 @@ EVERYDAY = [
     ("save a note about Bob", {"memory/add_observations", "memory/create_entities"}),
     ("add a note about the project", {"memory/add_observations", "memory/create_entities"}),
     ("what day is it", {"time/get_current_time"}),
+    ("undo the staging of a file", {"git/git_reset"}),  # undo, unstage, revert → reset
+    ("undo git add", {"git/git_reset"}),
+    ("revert the staged changes", {"git/git_reset"}),
     # evidence only in a parameter's description
     ("read only the last 10 lines of a log file", {"filesystem/read_text_file"}),
     ("limit the fetched page to 500 characters", {"fetch/fetch"}),
