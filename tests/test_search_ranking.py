@@ -107,6 +107,8 @@ EVERYDAY = [
     ("undo the staging of a file", {"git/git_reset"}),  # undo, unstage, revert → reset
     ("undo git add", {"git/git_reset"}),
     ("revert the staged changes", {"git/git_reset"}),
+    ("reply with the same text I send", {"everything/echo"}),  # reply → echo, respond
+    ("reply back with exactly what I typed", {"everything/echo"}),
     # evidence only in a parameter's description
     ("read only the last 10 lines of a log file", {"filesystem/read_text_file"}),
     ("limit the fetched page to 500 characters", {"fetch/fetch"}),
