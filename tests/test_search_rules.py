@@ -27,6 +27,7 @@ from aggregator.catalog.search.query import (
 from aggregator.catalog.search.retrieval import LEAST_FACTOR
 from aggregator.catalog.search.tokens import identifiers, inflection_pair, is_cjk, names, stem, tokenize
 from aggregator.catalog.store import CatalogStore
+from aggregator.tools.catalog_search import format_explanation
 
 
 def synthetic(server: str, *tools: Mapping[str, Any], hidden: Iterable[str] = ()) -> Catalog:
@@ -319,6 +320,10 @@ def test_a_tool_that_covers_more_of_the_request_outranks_one_word_lifts() -> Non
     before, after = (next(h.score for h in i.search(query, 5) if h.tool == "forecast") for i in (plain, index))
     assert after == pytest.approx(before * share**alone.coverage)
     assert sum(m.contribution for m in index.explain(query, "s", "forecast")) == pytest.approx(after)
+    factor = share**alone.coverage
+    assert [m.coverage for m in index.explain(query, "s", "forecast")] == [pytest.approx(factor)] * 2
+    shown = format_explanation(index, query, {"results": [{"server": "s", "tool": "forecast", "score": after}]})
+    assert f"(coverage ×{factor:.3f})" in shown.splitlines()[1]
     stop_only = "the zodiac"  # "note" matches "the" only
     before, after = (next(h.score for h in i.search(stop_only, 5) if h.tool == "note") for i in (plain, index))
     assert after == pytest.approx(before * LEAST_FACTOR) and after > 0

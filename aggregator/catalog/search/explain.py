@@ -21,7 +21,8 @@ class Match:
     term: str  # the vocabulary term it matched
     tier: str  # exact, stem, prefix or substring
     fields: tuple[str, ...]  # the tool's fields holding that term
-    contribution: float
+    contribution: float  # what it added, the tool's coverage factor included
+    coverage: float = 1.0  # the tool's coverage factor for the query (`retrieval.Combine`)
 
 
 def explain(
@@ -60,4 +61,4 @@ def explain(
             holding = tuple(f for f in FIELDS if term in fields.get(f, ()))
             matches.append(Match(qterm.token, qterm.origin, term, tier, holding, share * value))
     factor = Combine(tie, tuple(searched_weights), coverage).factors({0: covered})[0]
-    return [replace(m, contribution=m.contribution * factor) for m in matches]
+    return [replace(m, contribution=m.contribution * factor, coverage=factor) for m in matches]
