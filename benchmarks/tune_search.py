@@ -65,6 +65,9 @@ GRID: dict[str, tuple[float, ...] | tuple[int, ...]] = {
     "related_absent": (0.0, 0.25, 0.4, 0.55),
     "common_slope": (0.0, 0.2, 0.35, 0.5),
     "common_pivot": (4.5, 4.75, 5.0),
+    "coverage": (0.0, 0.05, 0.1, 0.15, 0.2),
+    "related_rare": (0.0, 0.1, 0.2, 0.3),
+    "rare_holders": (1, 2, 3),
 }
 # The starting point before any tuning: textbook BM25 values and round guesses, so that the
 # leave-one-out runs start from weights that never saw the held-out set.
@@ -92,6 +95,8 @@ PRIOR = RankingParams(
     min_partial=3,
     related_absent=0.25,
     common_slope=0.0,
+    coverage=0.0,
+    related_rare=0.0,
 )
 Scores = dict[str, dict[str, float]]  # dataset → {"strict": ratio to bar, "lenient": ratio to bar, ...}
 

@@ -104,6 +104,11 @@ EVERYDAY = [
     ("save a note about Bob", {"memory/add_observations", "memory/create_entities"}),
     ("add a note about the project", {"memory/add_observations", "memory/create_entities"}),
     ("what day is it", {"time/get_current_time"}),
+    ("undo the staging of a file", {"git/git_reset"}),  # undo, unstage, revert → reset
+    ("undo git add", {"git/git_reset"}),
+    ("revert the staged changes", {"git/git_reset"}),
+    ("reply with the same text I send", {"everything/echo"}),  # reply → echo, respond
+    ("reply back with exactly what I typed", {"everything/echo"}),
     # evidence only in a parameter's description
     ("read only the last 10 lines of a log file", {"filesystem/read_text_file"}),
     ("limit the fetched page to 500 characters", {"fetch/fetch"}),
@@ -140,6 +145,21 @@ def test_everyday_requests_find_the_right_tool_in_the_top_3(query: str, expected
     index, _ = build(REAL.values())
     top = [f"{server}/{tool}" for server, tool in ranked(index, query, 3)]
     assert expected & set(top), top
+
+
+# One word of a tool's name ("text" in read_text_file, "links" in get-resource-links) used to
+# decide the first place; the tool that accounts for most of the request now comes first (coverage).
+FIRST = [
+    ("replace a word in a text file", "filesystem/edit_file"),
+    ("create a text file with a shopping list", "filesystem/write_file"),
+    ("link Alice to her employer Acme in memory", "memory/create_relations"),
+]
+
+
+@pytest.mark.parametrize(("query", "expected"), FIRST, ids=[q for q, _ in FIRST])
+def test_the_tool_covering_most_of_the_request_comes_first(query: str, expected: str) -> None:
+    index, _ = build(REAL.values())
+    assert "/".join(ranked(index, query, 1)[0]) == expected, ranked(index, query, 3)
 
 
 def test_a_one_tool_server_described_as_its_tool_ranks_as_without_metadata() -> None:

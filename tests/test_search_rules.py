@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregator.catalog.model import Catalog, clean_tool, sorted_unique
-from aggregator.catalog.search import DEFAULT_PARAMS, ToolSearchIndex, annotation_tokens
+from aggregator.catalog.search import DEFAULT_PARAMS, RankingParams, ToolSearchIndex, annotation_tokens
 from aggregator.catalog.search.query import (
     Commonness,
     QueryTerm,
@@ -24,8 +24,10 @@ from aggregator.catalog.search.query import (
     query_terms,
     related_terms,
 )
+from aggregator.catalog.search.retrieval import LEAST_FACTOR
 from aggregator.catalog.search.tokens import identifiers, inflection_pair, is_cjk, names, stem, tokenize
 from aggregator.catalog.store import CatalogStore
+from aggregator.tools.catalog_search import format_explanation
 
 
 def synthetic(server: str, *tools: Mapping[str, Any], hidden: Iterable[str] = ()) -> Catalog:
@@ -221,6 +223,25 @@ def test_a_name_lends_its_related_words_but_no_lexicon_words() -> None:
     assert not [t for t in short.values() if t.origin in ("related: del", "related: rey")]
 
 
+def test_a_word_few_tools_hold_lends_its_related_words() -> None:
+    """A query word that at most `rare_holders` tools hold lends its related words at `related_rare`
+    ("scientific" in a calculator's description says little of "scientific literature"); a word
+    more tools hold lends none."""
+    calculator = {"name": "calculator", "description": "A scientific calculator."}
+    papers = {"name": "papers", "description": "Search academic research papers and studies."}
+    params = replace(DEFAULT_PARAMS, related_rare=0.3, rare_holders=1)
+    query = "scientific literature"
+    index = _with(params, synthetic("s", calculator, papers))
+    terms = {t.token: t for t in index.query_terms(query)}
+    assert terms["studies"].origin == "related: scientific"
+    assert terms["studies"].weight == pytest.approx(0.3 * dict(related_terms()["scientific"])["studies"])
+    assert ("s", "papers") in ranked(index, query)
+    both = _with(params, synthetic("s", calculator, papers, {"name": "lab", "description": "Scientific units."}))
+    assert not [t for t in both.query_terms(query) if t.origin == "related: scientific"]
+    plain = _with(replace(params, related_rare=0.0), synthetic("s", calculator, papers))
+    assert not [t for t in plain.query_terms(query) if t.origin == "related: scientific"]
+
+
 def test_a_word_common_in_english_weighs_less() -> None:
     """A catalog's idf cannot tell that "near" or "find" is rarely what a request is about: the
     shipped table of English word frequencies weighs them down, never below the floor; rare and
@@ -238,7 +259,7 @@ def test_a_word_common_in_english_weighs_less() -> None:
     assert terms["find"].weight < terms["near"].weight < terms["apartments"].weight == 1.0
     assert terms["the"].weight == DEFAULT_PARAMS.stop_word
     assert first == "rentals"
-    flat = ToolSearchIndex(replace(DEFAULT_PARAMS, common_slope=0.0))
+    flat = ToolSearchIndex(replace(DEFAULT_PARAMS, common_slope=0.0, related_rare=0.0))  # the words alone
     store = CatalogStore()
     flat.attach(store)
     store.put(synthetic("s", *tools))
@@ -263,6 +284,76 @@ def test_query_term_weights_stay_in_bounds_for_any_text(text: str, slope: float,
     words = sorted(common_words(), key=lambda w: (common_words()[w], w))[::500]
     weights = [commonness.weight(w) for w in words]
     assert weights == sorted(weights, reverse=True)  # the more common, the lighter
+
+
+def _with(params: RankingParams, *catalogs: Catalog) -> ToolSearchIndex:
+    index = ToolSearchIndex(params)
+    store = CatalogStore()
+    index.attach(store)
+    for catalog in catalogs:
+        store.put(catalog)
+    return index
+
+
+def test_a_tool_that_covers_more_of_the_request_outranks_one_word_lifts() -> None:
+    """Coverage: a score is the tool's summed evidence times the share of the request's word weight
+    it matches, to the power `coverage`. One rare word ("zodiac") no longer outweighs two others
+    ("rain", "tomorrow") a tool holds; a tool matching only function words keeps LEAST_FACTOR."""
+    catalog = synthetic(
+        "s",
+        {"name": "zodiac", "description": "Zodiac signs."},
+        {
+            "name": "forecast",
+            "description": "Weather forecast for a city, with rain and wind, for today and tomorrow and every "
+            "day after, hour by hour, in any unit you like.",
+        },
+        {"name": "note", "description": "Keep a note about the cats."},
+    )
+    alone = replace(DEFAULT_PARAMS, related_rare=0.0)  # "zodiac", held by one tool, lends no words here
+    plain = _with(replace(alone, coverage=0.0), catalog)
+    index = _with(alone, catalog)
+    query = "rain tomorrow zodiac"
+    assert ranked(plain, query)[:2] == [("s", "zodiac"), ("s", "forecast")]  # the summed evidence alone
+    assert ranked(index, query)[:2] == [("s", "forecast"), ("s", "zodiac")]
+    weight = {t.token: t.weight for t in index.query_terms(query)}
+    share = (weight["rain"] + weight["tomorrow"]) / (weight["rain"] + weight["tomorrow"] + weight["zodiac"])
+    before, after = (next(h.score for h in i.search(query, 5) if h.tool == "forecast") for i in (plain, index))
+    assert after == pytest.approx(before * share**alone.coverage)
+    assert sum(m.contribution for m in index.explain(query, "s", "forecast")) == pytest.approx(after)
+    factor = share**alone.coverage
+    assert [m.coverage for m in index.explain(query, "s", "forecast")] == [pytest.approx(factor)] * 2
+    shown = format_explanation(index, query, {"results": [{"server": "s", "tool": "forecast", "score": after}]})
+    assert f"(coverage ×{factor:.3f})" in shown.splitlines()[1]
+    stop_only = "the zodiac"  # "note" matches "the" only
+    before, after = (next(h.score for h in i.search(stop_only, 5) if h.tool == "note") for i in (plain, index))
+    assert after == pytest.approx(before * LEAST_FACTOR) and after > 0
+
+
+_FORECAST_WORDS = ["rain", "tomorrow", "zodiac", "the", "a", "city", "wind", "cats", "7"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    words=st.lists(st.sampled_from(_FORECAST_WORDS), max_size=6),
+    coverage=st.floats(0.0, 1.0),
+)
+def test_coverage_never_raises_a_score_and_explain_adds_up(words: list[str], coverage: float) -> None:
+    catalog = synthetic(
+        "s",
+        {"name": "zodiac", "description": "Zodiac signs for the 7 days."},
+        {"name": "forecast", "description": "Rain and wind in a city, today and tomorrow."},
+        {"name": "note", "description": "Keep a note about the cats."},
+    )
+    plain = _with(replace(DEFAULT_PARAMS, coverage=0.0), catalog)
+    index = _with(replace(DEFAULT_PARAMS, coverage=coverage), catalog)
+    query = " ".join(words)
+    before = plain.all_scores(query)
+    after = index.all_scores(query)
+    assert after.keys() == before.keys()
+    assert all(0 < after[key] <= before[key] * (1 + 1e-12) for key in after)
+    assert ranked(index, query) == [key for key, _ in sorted(after.items(), key=lambda kv: (-kv[1], kv[0]))]
+    for (server, tool), score in after.items():
+        assert sum(m.contribution for m in index.explain(query, server, tool)) == pytest.approx(score)
 
 
 def test_lexicon_expansion_never_outweighs_the_literal_word() -> None:

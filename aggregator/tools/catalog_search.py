@@ -280,8 +280,10 @@ def format_explanation(index: ToolSearchIndex, query: str, payload: Mapping[str,
     for rank, item in enumerate(payload.get("results") or [], 1):
         if item.get("tool") is None:
             continue
-        lines.append(f"#{rank} {item['server']}/{item['tool']}  score {item.get('score')}")
-        for m in index.explain(query, item["server"], item["tool"]):
+        matches = index.explain(query, item["server"], item["tool"])
+        coverage = f"  (coverage ×{matches[0].coverage:.3f})" if matches and matches[0].coverage != 1.0 else ""
+        lines.append(f"#{rank} {item['server']}/{item['tool']}  score {item.get('score')}{coverage}")
+        for m in matches:
             origin = "" if m.origin == "query" else f"  [{m.origin}]"
             lines.append(
                 f"    {m.query_term:<14} → {m.term:<16} {m.tier:<9} in {','.join(m.fields) or '-':<28} "

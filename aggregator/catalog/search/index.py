@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from aggregator.catalog.model import Catalog, ToolEntry
 from aggregator.catalog.search.documents import card_fields, counted_server_fields, server_fields, tool_fields
 from aggregator.catalog.search.explain import Match, explain
-from aggregator.catalog.search.query import Commonness, QueryTerm, query_terms
+from aggregator.catalog.search.query import Commonness, QueryTerm, coverage_weights, query_terms
 from aggregator.catalog.search.retrieval import (
     BIG,
     NO_MATCH,
+    Combine,
     Level,
     Source,
     TokenStats,
@@ -328,6 +329,8 @@ class ToolSearchIndex:
             number_weight=p.number,
             related_absent=p.related_absent,
             commonness=Commonness(p.common_slope, p.common_pivot, p.common_floor),
+            rare=self._rare if p.related_rare > 0 else None,
+            related_rare=p.related_rare,
         )
 
     def _present(self, token: str) -> bool:
@@ -335,15 +338,28 @@ class ToolSearchIndex:
         make the catalog hold "put", so "put" still lends its lexicon words in full."""
         return self._token_stats(token, partial=False).weight > 0
 
-    def _query_groups(self, query: str) -> list[list[TokenStats]]:
+    def _rare(self, token: str) -> bool:
+        """Whether at most `rare_holders` tools hold `token` or a word of its stem."""
+        most = self._p.rare_holders
+        tables = [source.table for source in self._token_stats(token, partial=False).sources]
+        sizes = [len(table) for table in tables]
+        if not sizes or max(sizes) > most:
+            return False
+        return sum(sizes) <= most or len(set().union(*tables)) <= most
+
+    def _query_groups(self, query: str) -> tuple[list[list[TokenStats]], Combine]:
         """Per query word (sorted), the stats of it and its lexicon words that match anything,
-        each scaled by its query weight, in sorted term order."""
+        each scaled by its query weight, in sorted term order; and how their values combine."""
         groups: dict[str, list[TokenStats]] = {}
-        for term in self.query_terms(query):
+        terms = self.query_terms(query)
+        for term in terms:
             stats = self._token_stats(term.token, term.partial)
             if stats.weight > 0:
                 groups.setdefault(term.word, []).append(stats.scaled(term.weight))
-        return [groups[word] for word in sorted(groups)]
+        words = sorted(groups)
+        weights = coverage_weights(terms)
+        combine = Combine(self._p.lexicon_tie, tuple(weights[word] for word in words), self._p.coverage)
+        return [groups[word] for word in words], combine
 
     def explain(self, query: str, server: str, tool: str) -> list[Match]:
         """How the tool's score for `query` is made: per query term, the vocabulary term that
@@ -351,15 +367,15 @@ class ToolSearchIndex:
         doc = next((self._docs[d] for d in self._tool_ids.get(server, []) if self._docs[d].tool == tool), None)
         if doc is None or doc.entry is None:
             return []
-        qterms = self.query_terms(query)
-        return explain(qterms, self._scaled_terms, doc.terms, self.fields(doc.entry), self._p.lexicon_tie)
+        qterms, fields, p = self.query_terms(query), self.fields(doc.entry), self._p
+        return explain(qterms, self._scaled_terms, doc.terms, fields, p.lexicon_tie, p.coverage)
 
     def search(self, query: str, limit: int) -> list[Hit]:
         """The best `limit` exposed tools of loaded catalogs, by score, ties on (server, tool)."""
-        groups = self._query_groups(query)
+        groups, combine = self._query_groups(query)
         if not groups or limit <= 0:
             return []
-        scored = TopK([tuple(m.sources for m in g) for g in groups], limit, self._p.lexicon_tie).run()
+        scored = TopK([tuple(m.sources for m in g) for g in groups], limit, combine).run()
         hits = []
         for doc_id, score in top(list(scored.items()), limit, self._names):
             doc = self._docs[doc_id]
@@ -372,9 +388,10 @@ class ToolSearchIndex:
 
         `search` returns the best of these; tests and diagnostics compare against it.
         """
-        groups = [tuple(m.sources for m in g) for g in self._query_groups(query)]
+        word_groups, combine = self._query_groups(query)
+        groups = [tuple(m.sources for m in g) for g in word_groups]
         matched = {d for group in groups for member in group for source in member for d in source.table}
-        scores = bulk_scores(matched, groups, self._p.lexicon_tie)
+        scores = bulk_scores(matched, groups, combine)
         docs = self._docs
         return {(docs[d].server, docs[d].tool or ""): score for d, score in scores.items()}
 
@@ -386,12 +403,12 @@ class ToolSearchIndex:
     def search_servers(self, query: str, servers: Iterable[str]) -> list[ServerHit]:
         """Upstreams among `servers` whose catalog is not loaded and whose name or metadata matches."""
         wanted = {self._card_ids[s] for s in servers if s in self._card_ids}
-        word_groups = self._query_groups(query)
+        word_groups, combine = self._query_groups(query)
         if not word_groups or not wanted:
             return []
         found = {d for g in word_groups for m in g for d in m.cards if d in wanted}
         groups = [tuple((Source(m.cards, 1.0, ()),) for m in g) for g in word_groups]
-        scored = bulk_scores(found, groups, self._p.lexicon_tie)
+        scored = bulk_scores(found, groups, combine)
         hits = []
         for doc_id, score in top(list(scored.items()), len(scored), self._names):
             server = self._docs[doc_id].server

@@ -212,6 +212,8 @@ def query_terms(
     number_weight: float = 1.0,
     related_absent: float | None = None,
     commonness: Commonness = Commonness(),
+    rare: Callable[[str], bool] | None = None,
+    related_rare: float = 0.0,
 ) -> list[QueryTerm]:
     """The distinct tokens to search for `tokens`, sorted, each with its highest weight.
 
@@ -225,7 +227,9 @@ def query_terms(
     a number) weighs less the more common it is in English (`commonness`): "find"
     and "near" say less about the tool wanted than "apartment". A name of MIN_NAME_RELATED letters or
     more lends its related words, which stand for what the name is ("Bitcoin":
-    cryptocurrency, blockchain).
+    cryptocurrency, blockchain). A word that only a few tools hold (`rare` says so)
+    lends its related words at `related_rare`: one tool's passing use of "scientific"
+    says little of where "scientific literature" is wanted.
     """
     lex = lexicon()
     literal = {t: (STOP if t in lex.stop_words else NAME if t in names else LITERAL) for t in tokens}
@@ -250,6 +254,8 @@ def query_terms(
         if present is not None and not present(token):
             weight = absent_weight if absent_weight is not None else weight
             related = related_absent if related_absent is not None else related
+        elif rare is not None and rare(token):
+            related = max(related, related_rare)
         for added in lex.expansions.get(stem(token), ()) if origin == LITERAL else ():
             if stem(added) not in literal_stems and added not in lex.stop_words:
                 offer(QueryTerm(added, weight, f"lexicon: {token}", token))
@@ -258,3 +264,15 @@ def query_terms(
                 if stem(added) not in literal_stems and added not in lex.stop_words:
                     offer(QueryTerm(added, related * similarity, f"related: {token}", token))
     return [best[t] for t in sorted(best)]
+
+
+def coverage_weights(terms: list[QueryTerm]) -> dict[str, float]:
+    """Per query word, what it counts towards a tool's coverage of the request (`retrieval.Combine`):
+    its own weight, a stop word's 0, whichever of its terms the tool matches. A word whose own
+    token went to another word's group (a heavier lexicon term) counts its best remaining term."""
+    own = {t.word: 0.0 if t.origin == STOP else t.weight for t in terms if t.token == t.word}
+    rest: dict[str, float] = {}
+    for term in terms:
+        if term.word not in own:
+            rest[term.word] = max(rest.get(term.word, 0.0), term.weight)
+    return {**rest, **own}

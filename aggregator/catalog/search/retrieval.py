@@ -23,6 +23,7 @@ from typing import Any
 
 _HEAD = 32  # size of the first level of a postings list split by weight
 BIG = 4 * _HEAD  # a token may read postings longer than this in place
+LEAST_FACTOR = 0.5  # the coverage factor of a document that matches none of the weighted words
 _BATCH = 128  # documents scored together during top-k retrieval
 
 
@@ -61,6 +62,30 @@ class TokenStats:
 
 NO_MATCH = TokenStats((), {}, 0.0)
 Group = tuple[tuple[Source, ...], ...]  # a query word and its lexicon words: each member's sources
+
+
+@dataclass(frozen=True, slots=True)
+class Combine:
+    """How a query's group values make a document's score: the sum of its groups' values (dis_max
+    within a group, `tie`), times the share of the query it covers to the power `coverage`.
+
+    The share is the weight of the groups the document matches over that of all groups
+    (`weights`, one per group: its query word's weight, a stop word's 0). A tool that one
+    rare word lifts, and that says nothing of the rest of the request, then ranks below one
+    that accounts for more of it. The factor is at most 1, so a document's summed values stay
+    an upper bound of its score, which is what top-k pruning needs."""
+
+    tie: float
+    weights: tuple[float, ...] = ()
+    coverage: float = 0.0
+
+    def factors(self, covered: Mapping[int, float]) -> dict[int, float]:
+        """Per document, the factor of its `covered` weight (at least LEAST_FACTOR: a tool that
+        matches only function words of a request keeps part of its score)."""
+        whole = sum(self.weights)
+        if whole <= 0 or self.coverage <= 0:
+            return dict.fromkeys(covered, 1.0)
+        return {d: max(LEAST_FACTOR, (c / whole) ** self.coverage) for d, c in covered.items()}
 
 
 def stats_size(stats: TokenStats) -> int:
@@ -130,17 +155,25 @@ def group_values(docs: Mapping[int, Any], group: Group, tie: float) -> dict[int,
     return {d: b + tie * (total[d] - b) for d, b in best.items()}
 
 
-def bulk_scores(docs: Iterable[int], groups: Sequence[Group], tie: float) -> dict[int, float]:
-    """Full scores of `docs`: per document, the sum of its group values in group order.
+def bulk_scores(docs: Iterable[int], groups: Sequence[Group], combine: Combine) -> dict[int, float]:
+    """Full scores of `docs`: per document, the sum of its group values in group order, times its
+    coverage factor (`Combine`).
 
     Group order is sorted query-word order, so a document's float sum does not
     depend on which documents were scored together or how they were found.
     """
     totals = dict.fromkeys(docs, 0.0)
-    for group in groups:
-        values = group_values(totals, group, tie)
+    covered = dict.fromkeys(totals, 0.0) if combine.coverage > 0 else None
+    weights = combine.weights or (0.0,) * len(groups)
+    for group, weight in zip(groups, weights, strict=True):
+        values = group_values(totals, group, combine.tie)
         totals.update({d: totals[d] + v for d, v in values.items()})
-    return totals
+        if covered is not None and weight:
+            covered.update({d: covered[d] + weight for d in values})
+    if covered is None:
+        return totals
+    factors = combine.factors(covered)
+    return {d: score * factors[d] for d, score in totals.items()}
 
 
 class TopK:
@@ -158,6 +191,9 @@ class TopK:
     through that group's blocks, and scored in full). When every group is
     non-essential, retrieval is over.
 
+    A document's score is at most the sum of its group values (the coverage
+    factor is at most 1), so bounds on those sums prune soundly.
+
     Scoring a batch first adds group values in order of falling group bound and
     drops a document as soon as even the best values of its remaining groups
     could not lift it to the `limit`-th best score (most candidates of a common
@@ -165,10 +201,11 @@ class TopK:
     sorted group order, so their floats do not depend on how they were found.
     """
 
-    def __init__(self, groups: Sequence[Group], limit: int, tie: float) -> None:
+    def __init__(self, groups: Sequence[Group], limit: int, combine: Combine) -> None:
         self.groups = groups
         self.limit = limit
-        self.tie = tie
+        self.combine = combine
+        self.tie = combine.tie
         # per group, its sources flattened: (member index, source)
         self.sources = [[(m, source) for m, member in enumerate(g) for source in member] for g in groups]
         self.taken = [[0] * len(sources) for sources in self.sources]  # per source, levels taken so far
@@ -240,7 +277,7 @@ class TopK:
                 alive = {d: s for d, s in alive.items() if s + rest >= floor}
                 if not alive:
                     return
-        fresh = bulk_scores(alive, self.groups, self.tie)
+        fresh = bulk_scores(alive, self.groups, self.combine)
         self.scored.update(fresh)
         self.best = heapq.nlargest(self.limit, chain(self.best, fresh.values()))
 

@@ -67,10 +67,13 @@ class RankingParams:
     number: float = 0.7  # query weight of a number ("2023" in "Today is 2023-03-17" is rarely the request)
     related: float = 0.0  # query weight (× similarity) of a word the related-terms table adds (query.py)
     related_absent: float = 0.4  # ... for a query word the catalog does not hold at all
+    related_rare: float = 0.1  # ... for a query word at most `rare_holders` tools hold
+    rare_holders: int = 1
     common_slope: float = 0.4  # a query word's weight falls this much per unit of Zipf frequency ...
     common_pivot: float = 4.9  # ... above this one (English at large: "find" 5.8, "stage" 5.1, "apartments" 4.0) ...
     common_floor: float = 0.5  # ... down to this (query.Commonness)
     lexicon_tie: float = 0.3  # share of a group's terms other than its best (dis_max tie breaker)
+    coverage: float = 0.1  # a score × (share of the query's word weight the tool matches) ** this
     min_partial: int = 3  # shortest non-CJK query token that may prefix/substring-match
 
     def field_weight(self, field: str) -> float:
