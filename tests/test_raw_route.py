@@ -284,3 +284,28 @@ def test_two_clients_interleaving_while_the_catalog_changes(tmp_path: Path) -> N
             assert not server.pool._busy and not server.pool.connection("kit").busy
 
     anyio.run(scenario)
+
+
+def test_a_bug_on_the_route_answers_as_the_layers_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unexpected exception of ours on the route is the call's error result (redacted, the session goes
+    on), as the layers' `_run_tool` gives it, not a JSON-RPC error."""
+    from aggregator.upstream.pool import ToolRoute
+
+    async def broken(*_args: Any, **_kwargs: Any) -> dict[str, Any]:
+        raise RuntimeError("boom with token=sk-abcdefghijklmnopqrstuvwx")
+
+    async def scenario() -> None:
+        async with raw_bench(kit_config(tmp_path)) as (server, client):
+            await started(server, client)
+            routed = server.raw.routed
+            monkeypatch.setattr(ToolRoute, "call", broken)
+            answer = await client.call("kit__echo", {"message": "hi"})
+            assert answer["result"]["isError"] is True, answer
+            message = text(answer)
+            assert "internal error in aggregator tool kit__echo: RuntimeError: boom" in message, message
+            assert "sk-abcdefghijklmnopqrstuvwx" not in message, message
+            assert server.raw.routed == routed + 1
+            monkeypatch.undo()
+            assert text(await client.call("kit__echo", {"message": "again"})) == "again"
+
+    anyio.run(scenario)

@@ -48,7 +48,7 @@ from aggregator.log import get_logger
 from aggregator.proxy.passthrough import forwarded_meta
 from aggregator.proxy.raw_checks import plain_text_result, tools_call_params_ok
 from aggregator.proxy.relay import RawOrigin
-from aggregator.tools.base import ToolContext, fault_result, invalid_result
+from aggregator.tools.base import ToolContext, fault_result, internal_error_result, invalid_result
 from aggregator.tools.catalog import CATALOG_CALL
 from aggregator.wire import encode, error_line, json_line
 
@@ -397,6 +397,9 @@ class RawLane:
                     result = await route.call(arguments, self._progress(params), forwarded_meta(params), origin)
                 except Fault as fault:
                     result = fault_result(fault)
+                except Exception as exc:  # as the layers' `_run_tool` answers it
+                    log.exception("tool failed", tool=params.get("name"))
+                    result = internal_error_result(str(params.get("name")), exc)
         except Exception as exc:  # as the SDK's dispatcher answers a handler's exception
             return _error_answer(request_id, method, exc)
         return _result_line(request_id, method, result, version, router.server.lowlevel.cache_hints.get(method))

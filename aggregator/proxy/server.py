@@ -37,7 +37,7 @@ from aggregator.catalog.model import Catalog
 from aggregator.catalog.search import ToolSearchIndex
 from aggregator.config import AggregatorConfig, ConfigError
 from aggregator.faults import Fault, SignInNeeded
-from aggregator.log import get_logger, redact_text
+from aggregator.log import get_logger
 from aggregator.proxy.exposure import Clash, DirectTool, build_direct_tools, log_clashes, name_prefixes
 from aggregator.proxy.passthrough import Passthrough, caller_of, for_era
 from aggregator.proxy.raw import RawLane, RawRouter
@@ -46,7 +46,7 @@ from aggregator.proxy.routing import build_prompt_table
 from aggregator.proxy.sign_in import RETRY, offer_sign_in, sign_in_link
 from aggregator.sdk import client_connection, without_tracing
 from aggregator.suggest import closest
-from aggregator.tools.base import OwnTool, ToolContext, fault_result, invalid_result, text_result
+from aggregator.tools.base import OwnTool, ToolContext, fault_result, internal_error_result, invalid_result
 from aggregator.tools.catalog import CATALOG_CALL, CatalogTools
 from aggregator.tools.introspection import introspection_tools
 from aggregator.tools.text_search import DEFAULT_MAX_K, TextSearchTools
@@ -416,8 +416,7 @@ class AggregatorServer:
             return fault_result(fault)
         except Exception as exc:
             log.exception("tool failed", tool=name)
-            message = redact_text(f"internal error in aggregator tool {name}: {type(exc).__name__}: {exc}")
-            return text_result(message, is_error=True)
+            return internal_error_result(name, exc)
 
     @property
     def own_tool_names(self) -> Mapping[str, OwnTool]:

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from aggregator.catalog.caps import dumps
 from aggregator.catalog.model import Catalog
 from aggregator.faults import Fault
+from aggregator.log import redact_text
 
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 
@@ -74,6 +75,12 @@ def json_result(payload: dict[str, Any], *, is_error: bool = False) -> types.Cal
 
 def text_result(text: str, *, is_error: bool = False) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=is_error)
+
+
+def internal_error_result(tool: str, exc: Exception) -> types.CallToolResult:
+    """A tool's unexpected exception as its result (redacted): the call fails, the session goes on."""
+    message = redact_text(f"internal error in aggregator tool {tool}: {type(exc).__name__}: {exc}")
+    return text_result(message, is_error=True)
 
 
 def fault_result(fault: Fault) -> types.CallToolResult:
