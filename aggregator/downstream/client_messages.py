@@ -54,12 +54,14 @@ class Oversized:
 
 def parse_client_line(line: bytes) -> SessionMessage | Refusal:
     """`line` as a message for the server, or the refusal that answers it."""
-    request = plain_request(line)
-    return SessionMessage(request) if request is not None else parse_unplain_line(line)
+    return parse_read_line(line, plain_fields(line))
 
 
-def parse_unplain_line(line: bytes) -> SessionMessage | Refusal:
-    """`parse_client_line` for a line `plain_request` has already found no plain request (the union decides)."""
+def parse_read_line(line: bytes, fields: PlainRequest | None) -> SessionMessage | Refusal:
+    """`parse_client_line` for a line already read by `plain_fields` (`fields`: None when it is no plain
+    request, and the union of the message models decides)."""
+    if fields is not None:
+        return SessionMessage(fields.model())
     try:
         message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
     except ValueError as exc:

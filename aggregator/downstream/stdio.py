@@ -50,7 +50,7 @@ from aggregator.downstream.client_messages import (
     Refusal,
     SkippingLineSplitter,
     parse_client_line,
-    parse_unplain_line,
+    parse_read_line,
     plain_fields,
     refuse_oversized,
 )
@@ -434,7 +434,7 @@ class _Inbound:
         early, self._early = self._early, None
         if early is None or early[0] != line:
             return parse_client_line(line)
-        return SessionMessage(early[1].model()) if early[1] is not None else parse_unplain_line(line)
+        return parse_read_line(line, early[1])
 
     async def _submit(self, message: types.JSONRPCRequest) -> None:
         duplicate = message.id in self.in_flight  # the client reused the id of a request in flight
