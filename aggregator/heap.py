@@ -9,7 +9,6 @@ no-op off glibc (macOS, musl).
 
 from __future__ import annotations
 
-import os
 import sys
 from functools import cache
 from typing import Any
@@ -19,23 +18,13 @@ __all__ = ["release_freed_memory"]
 
 @cache
 def _malloc_trim() -> Any:
-    """glibc's malloc_trim through `_ctypes` alone: the `ctypes` package on top costs 0.25 MB of RSS."""
+    """glibc's malloc_trim, through `_ctypes` alone as the guard calls prctl (the `ctypes` package: 0.25 MB of RSS)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        import _ctypes
+        from aggregator.upstream.guard import libc_function  # the guard calls prctl the same way
 
-        class _Int(_ctypes._SimpleCData):  # ctypes.c_int
-            _type_ = "i"
-
-        class _Function(_ctypes.CFuncPtr):  # what ctypes.CDLL(None) makes of a C function
-            _flags_ = _ctypes.FUNCFLAG_CDECL
-            _restype_ = _Int
-
-        class _Libc:
-            _handle = _ctypes.dlopen(None, os.RTLD_NOW)  # type: ignore[arg-type]  # the program itself
-
-        return _Function(("malloc_trim", _Libc))  # type: ignore[arg-type]  # anything with a _handle will do
+        return libc_function("malloc_trim")
     except (OSError, AttributeError, ImportError):  # not glibc
         return None
 
