@@ -223,6 +223,8 @@ def test_a_verb_and_its_particle_mean_what_the_verb_alone_does_not() -> None:
     apart, _ = terms_and_first("add the prices up", *tools)
     assert {"create", "new"} <= apart.keys() and apart["total"].origin == "lexicon: add"
     assert "up" in lexicon().stop_words and ("add", "up") in lexicon().phrases
+    take_back = {t.token: t for t in query_terms(tokenize("take back the last change"), 0.1, 0.3, 0.7)}
+    assert take_back["undo"].origin == "lexicon: take back" and take_back["undo"].weight == 0.7  # "take": a stop word
 
 
 def test_a_name_lends_its_related_words_but_no_lexicon_words() -> None:

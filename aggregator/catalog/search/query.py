@@ -10,9 +10,9 @@ knows is tool vocabulary and never a stop word, whatever the stop list says
 Lexicon words are matched by Snowball stem, so "pictures" expands like
 "picture". The lexicon file is read once, on first use.
 
-A two-word entry ("add up", "look up", "turn off": a verb and its particle, a
-stop word) matches two consecutive query words by stem and adds its words in
-place of the verb's own: "add up 3 and 4" searches "sum" and "total", not the
+A two-word entry ("add up", "look up", "take back": a verb and its particle,
+a stop word, as the verb may be) matches two consecutive query words by stem
+and adds its words in place of the verb's own: "add up 3 and 4" searches "sum" and "total", not the
 "create" and "new" of "add". No catalog holds a phrase as such, so its words
 weigh what a lexicon word of an absent query word weighs.
 
@@ -276,6 +276,12 @@ def query_terms(
         offer(QueryTerm(token, weight, origin, token))
     literal_stems = {stem(t) for t in literal}
     for token, origin in sorted(literal.items()):
+        if origin != NAME and token in phrases:  # its phrase's words, never its own ("add up": not create)
+            phrase, adds = phrases[token]
+            for added in adds:
+                if stem(added) not in literal_stems and added not in lex.stop_words:
+                    offer(QueryTerm(added, phrase_weight, f"lexicon: {phrase}", token))
+            continue
         if origin == STOP or (origin == NAME and len(token) < MIN_NAME_RELATED):
             continue
         weight, related = expansion_weight, related_weight
@@ -284,12 +290,6 @@ def query_terms(
             related = related_absent if related_absent is not None else related
         elif rare is not None and rare(token):
             related = max(related, related_rare)
-        if origin == LITERAL and token in phrases:  # its phrase's words, never its own ("add up": not create)
-            phrase, adds = phrases[token]
-            for added in adds:
-                if stem(added) not in literal_stems and added not in lex.stop_words:
-                    offer(QueryTerm(added, phrase_weight, f"lexicon: {phrase}", token))
-            continue
         for added in lex.expansions.get(stem(token), ()) if origin == LITERAL else ():
             if stem(added) not in literal_stems and added not in lex.stop_words:
                 offer(QueryTerm(added, weight, f"lexicon: {token}", token))
