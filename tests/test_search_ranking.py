@@ -137,6 +137,17 @@ EVERYDAY = [
     ("find the differences between two commits", {"git/git_diff"}),
     ("executing a query against the database", {"sqlite/read_query", "sqlite/write_query"}),
     ("read the listing of a directory", {"filesystem/list_directory", "filesystem/list_directory_with_sizes"}),
+    # a verb and its particle mean what the verb alone does not ("add up" is sum; "take" and "back" are stop words)
+    ("add up 17 and 25", {"everything/get-sum"}),
+    ("take back the git add", {"git/git_reset"}),
+    ("pull up the entries for Alice and Bob", {"memory/open_nodes"}),
+    ("look up Alice in your memory", {"memory/search_nodes", "memory/open_nodes"}),
+    # memory asked about as what the assistant knows or has learned
+    ("what have you learned about me so far", {"memory/read_graph", "memory/search_nodes", "memory/open_nodes"}),
+    ("dump your whole memory", {"memory/read_graph"}),
+    # words the right tool never uses: a table's fields, a web address
+    ("what fields are in users", {"sqlite/describe_table"}),
+    ("read this article for me https://news.example.org/story", {"fetch/fetch"}),
 ]
 
 
