@@ -3,6 +3,7 @@ requests, incremental maintenance, determinism and pruning properties (DESIGN §
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -13,7 +14,7 @@ from aggregator.catalog.model import Catalog, ToolEntry, clean_tool, sorted_uniq
 from aggregator.catalog.search import ToolSearchIndex, annotation_tokens
 from aggregator.catalog.search.tokens import is_cjk, stem, tokenize
 from aggregator.catalog.store import CatalogStore
-from tests.conftest import CATALOG_FILES, SHARED_DATA, real_catalog
+from tests.conftest import CATALOG_FILES, ROOT, SHARED_DATA, real_catalog
 from tests.test_search_rules import build, ranked, synthetic
 
 if not (SHARED_DATA / "catalogs").is_dir() or not (SHARED_DATA / "toolsearch").is_dir():
@@ -137,6 +138,17 @@ EVERYDAY = [
     ("find the differences between two commits", {"git/git_diff"}),
     ("executing a query against the database", {"sqlite/read_query", "sqlite/write_query"}),
     ("read the listing of a directory", {"filesystem/list_directory", "filesystem/list_directory_with_sizes"}),
+    # a verb and its particle mean what the verb alone does not ("add up" is sum; "take" and "back" are stop words)
+    ("add up 17 and 25", {"everything/get-sum"}),
+    ("take back the git add", {"git/git_reset"}),
+    ("pull up the entries for Alice and Bob", {"memory/open_nodes"}),
+    ("look up Alice in your memory", {"memory/search_nodes", "memory/open_nodes"}),
+    # memory asked about as what the assistant knows or has learned
+    ("what have you learned about me so far", {"memory/read_graph", "memory/search_nodes", "memory/open_nodes"}),
+    ("dump your whole memory", {"memory/read_graph"}),
+    # words the right tool never uses: a table's fields, a web address
+    ("what fields are in users", {"sqlite/describe_table"}),
+    ("read this article for me https://news.example.org/story", {"fetch/fetch"}),
 ]
 
 
@@ -160,6 +172,22 @@ FIRST = [
 def test_the_tool_covering_most_of_the_request_comes_first(query: str, expected: str) -> None:
     index, _ = build(REAL.values())
     assert "/".join(ranked(index, query, 1)[0]) == expected, ranked(index, query, 3)
+
+
+def test_the_everyday_benchmark_is_sound_and_its_held_half_stays_out_of_the_tests() -> None:
+    """benchmarks/everyday_requests.json: every gold tool exists in the real catalogs, the file names
+    the servers' catalogs as CATALOG_FILES does, each request is once, the halves follow the
+    file's rule (SHA-256 order, alternate), and no held request is in this file's tables."""
+    data = json.loads((ROOT / "benchmarks" / "everyday_requests.json").read_text(encoding="utf-8"))
+    assert data["catalogs"] == CATALOG_FILES
+    tools = {f"{server}/{tool.name}" for server, catalog in REAL.items() for tool in catalog.exposed_tools}
+    requests = data["requests"]
+    assert len(requests) >= 200 and len({r["query"] for r in requests}) == len(requests)
+    assert not [(r["query"], g) for r in requests for g in r["gold"] if g not in tools]
+    order = sorted(requests, key=lambda r: hashlib.sha256(r["query"].encode("utf-8")).hexdigest())
+    assert [r["split"] for r in order] == [("dev", "held")[i % 2] for i in range(len(order))]
+    held = {r["query"].lower() for r in requests if r["split"] == "held"}
+    assert not held & {q.lower() for q, _ in [*EVERYDAY, *FIRST]}
 
 
 def test_a_one_tool_server_described_as_its_tool_ranks_as_without_metadata() -> None:

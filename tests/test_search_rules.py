@@ -230,6 +230,25 @@ def test_a_word_inside_another_word_is_not_held_by_the_catalog() -> None:
     assert first == "write_query"
 
 
+def test_a_verb_and_its_particle_mean_what_the_verb_alone_does_not() -> None:
+    """ "add up" is sum, not create: a two-word lexicon entry matches consecutive query words (by stem)
+    and its words replace the verb's own; the particle stays a stop word, and apart it means nothing."""
+    tools = (
+        {"name": "new_entry", "description": "Create an entry in the list."},
+        {"name": "calculator", "description": "Returns the total of two numbers."},
+    )
+    terms, first = terms_and_first("add up the prices", *tools)
+    assert first == "calculator"
+    assert terms["total"].origin == "lexicon: add up" and terms["total"].weight == DEFAULT_PARAMS.expansion_absent
+    assert not terms.keys() & {"create", "new"} and terms["up"].origin == "stop word"
+    assert terms_and_first("adding up the numbers", *tools)[0]["sum"].origin == "lexicon: adding up"
+    apart, _ = terms_and_first("add the prices up", *tools)
+    assert {"create", "new"} <= apart.keys() and apart["total"].origin == "lexicon: add"
+    assert "up" in lexicon().stop_words and ("add", "up") in lexicon().phrases
+    take_back = {t.token: t for t in query_terms(tokenize("take back the last change"), 0.1, 0.3, 0.7)}
+    assert take_back["undo"].origin == "lexicon: take back" and take_back["undo"].weight == 0.7  # "take": a stop word
+
+
 def test_a_name_lends_its_related_words_but_no_lexicon_words() -> None:
     """ "Bitcoin" is a name (capitalised mid-sentence): it lends what it is (cryptocurrency), at the
     related words' weight; a short name ("Del") lends nothing."""

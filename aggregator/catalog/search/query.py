@@ -10,6 +10,12 @@ knows is tool vocabulary and never a stop word, whatever the stop list says
 Lexicon words are matched by Snowball stem, so "pictures" expands like
 "picture". The lexicon file is read once, on first use.
 
+A two-word entry ("add up", "look up", "take back": a verb and its particle,
+a stop word, as the verb may be) matches two consecutive query words by stem
+and adds its words in place of the verb's own: "add up 3 and 4" searches "sum" and "total", not the
+"create" and "new" of "add". No catalog holds a phrase as such, so its words
+weigh what a lexicon word of an absent query word weighs.
+
 The words a query word adds are alternatives to it, not more evidence: the
 ranking takes the best of a word and its additions in full and the rest at a
 small share (`RankingParams.lexicon_tie`), so a tool that says "search",
@@ -45,6 +51,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import resources
+from itertools import pairwise
 
 from stop_words import get_stop_words
 
@@ -172,11 +179,26 @@ class Commonness:
         return max(self.floor, 1.0 - self.slope * (zipf - self.pivot))
 
 
+Phrase = tuple[str, str]  # the stems of two consecutive query words: ("add", "up")
+
+
 @dataclass(frozen=True, slots=True)
 class Lexicon:
     expansions: dict[str, tuple[str, ...]]  # stem of a query word → tokens it adds, sorted
     stop_words: frozenset[str]
     known: frozenset[str]  # stems of every word of the lexicon: tool vocabulary
+    phrases: dict[Phrase, tuple[str, ...]]  # a two-word entry ("add up") → tokens it adds, sorted
+
+    def phrase_words(self, tokens: list[str]) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """Per query word that opens a two-word entry of the lexicon ("add" in "add up the bill"),
+        the phrase and the tokens it adds (the first such phrase of the query): a verb and its
+        particle ("up", a stop word) mean what the verb alone does not (sum, not create)."""
+        out: dict[str, tuple[str, tuple[str, ...]]] = {}
+        for first, second in pairwise(tokens):
+            added = self.phrases.get((stem(first), stem(second)))
+            if added and first not in out:
+                out[first] = (f"{first} {second}", added)
+        return out
 
 
 @cache
@@ -190,15 +212,19 @@ def lexicon() -> Lexicon:
             if len(word) == 1:
                 others = {t for j, other in enumerate(words) if j != i for t in other}
                 adds.setdefault(stem(word[0]), set()).update(others)
+    pairs: dict[Phrase, set[str]] = {}
     for word, phrases in raw["expansions"].items():
         tokens = tokenize(word)
+        added = {t for phrase in phrases for t in tokenize(phrase)}
         if len(tokens) == 1:
-            adds.setdefault(stem(tokens[0]), set()).update(t for phrase in phrases for t in tokenize(phrase))
+            adds.setdefault(stem(tokens[0]), set()).update(added)
+        elif len(tokens) == 2:
+            pairs.setdefault((stem(tokens[0]), stem(tokens[1])), set()).update(added)
     expansions = {key: tuple(sorted(value)) for key, value in adds.items()}
-    known = set(expansions) | {stem(t) for value in expansions.values() for t in value}
+    known = set(expansions) | {stem(t) for value in expansions.values() for t in value}  # not phrases' words
     content = set(raw["content_words"])
     stop = frozenset(w for w in get_stop_words("english") if w.isalpha() and stem(w) not in known and w not in content)
-    return Lexicon(expansions, stop, frozenset(known))
+    return Lexicon(expansions, stop, frozenset(known), {key: tuple(sorted(value)) for key, value in pairs.items()})
 
 
 def query_terms(
@@ -240,6 +266,8 @@ def query_terms(
         if term.weight > 0 and (term.token not in best or term.weight > best[term.token].weight):
             best[term.token] = term
 
+    phrases = lex.phrase_words(tokens)
+    phrase_weight = absent_weight if absent_weight is not None else expansion_weight  # no catalog holds a phrase
     for token, origin in literal.items():
         if origin == STOP:
             weight = 1.0 if all_stop else stop_weight
@@ -248,6 +276,12 @@ def query_terms(
         offer(QueryTerm(token, weight, origin, token))
     literal_stems = {stem(t) for t in literal}
     for token, origin in sorted(literal.items()):
+        if origin != NAME and token in phrases:  # its phrase's words, never its own ("add up": not create)
+            phrase, adds = phrases[token]
+            for added in adds:
+                if stem(added) not in literal_stems and added not in lex.stop_words:
+                    offer(QueryTerm(added, phrase_weight, f"lexicon: {phrase}", token))
+            continue
         if origin == STOP or (origin == NAME and len(token) < MIN_NAME_RELATED):
             continue
         weight, related = expansion_weight, related_weight
