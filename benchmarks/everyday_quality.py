@@ -1,6 +1,6 @@
 """Search quality on everyday requests over the eight real servers (issue 23).
 
-    .venv/bin/python benchmarks/everyday_quality.py [--split dev|held] [--dense] [--misses] [--json]
+    .venv/bin/python benchmarks/everyday_quality.py [--split dev|held|blind] [--dense] [--misses] [--json]
 
 The requests are `benchmarks/everyday_requests.json`: what a person would type to
 Claude Desktop or Code with the official servers connected (time, fetch,
@@ -8,7 +8,10 @@ filesystem, git, memory, sqlite, sequential thinking, everything), each with
 every tool that would do. The servers are built from their real `tools/list`
 results in `../shared/data/catalogs/` (no operator descriptions, as in a
 typical config). The requests are split in two halves by a fixed rule (the
-file's `about`): tune on "dev", report "held" before and after.
+file's `about`): tune on "dev", report "held" before and after. A third set,
+"blind" (`benchmarks/everyday_requests_blind.json`), was written by a second
+writer who read only the catalogs: never tuned on, it shows whether changes
+chosen on one writer's words carry to another's.
 
 Rankers: ours, plain BM25 (`search_quality.py`'s), and with `--dense` the dense
 retriever (all-MiniLM-L6-v2) and the reciprocal-rank fusion of ours with it
@@ -31,8 +34,10 @@ from typing import Any
 from search_quality import DEPTH, Bm25Ranker, Gold, Pair, Query, _gold_rank, build_index, rank_ours
 
 REQUESTS = Path(__file__).resolve().parent / "everyday_requests.json"
+BLIND = Path(__file__).resolve().parent / "everyday_requests_blind.json"
 CATALOG_DIR = (Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "catalogs").resolve()
 SPLITS = ("dev", "held")
+SETS = (*SPLITS, "blind")
 METRICS = ("mrr", "hit@3", "hit@5")
 
 
@@ -42,18 +47,24 @@ def split_of(queries: Sequence[str]) -> dict[str, str]:
     return {q: SPLITS[i % 2] for i, q in enumerate(order)}
 
 
-def load_requests(path: Path = REQUESTS) -> tuple[dict[str, str], dict[str, list[Query]]]:
-    """The catalogs' files by server, and the requests of each half (checked against the split rule)."""
+def load_requests(path: Path = REQUESTS, blind: Path = BLIND) -> tuple[dict[str, str], dict[str, list[Query]]]:
+    """The catalogs' files by server, and the requests of each half (checked against the split rule)
+    and of the blind set."""
     data = json.loads(path.read_text(encoding="utf-8"))
     rule = split_of([r["query"] for r in data["requests"]])
-    halves: dict[str, list[Query]] = {name: [] for name in SPLITS}
+    halves: dict[str, list[Query]] = {name: [] for name in SETS}
     for request in data["requests"]:
         text, half = request["query"], request["split"]
         if rule[text] != half:
             raise ValueError(f"{text!r} is marked {half!r}, the rule says {rule[text]!r}")
-        pairs = (item.split("/", 1) for item in request["gold"])
-        halves[half].append(Query(text, tuple(Gold(tool, frozenset({server}), frozenset()) for server, tool in pairs)))
+        halves[half].append(_query(text, request["gold"]))
+    halves["blind"] = [_query(r["query"], r["gold"]) for r in json.loads(blind.read_text(encoding="utf-8"))["requests"]]
     return data["catalogs"], halves
+
+
+def _query(text: str, gold: list[str]) -> Query:
+    pairs = (item.split("/", 1) for item in gold)
+    return Query(text, tuple(Gold(tool, frozenset({server}), frozenset()) for server, tool in pairs))
 
 
 def load_servers(catalogs: dict[str, str], directory: Path = CATALOG_DIR) -> list[dict[str, Any]] | None:
@@ -102,7 +113,7 @@ def rankers(servers: list[dict[str, Any]], dense: bool) -> dict[str, Callable[[l
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--split", choices=SPLITS, action="append", help="a half to rank (default: both)")
+    parser.add_argument("--split", choices=SETS, action="append", help="a set to rank (default: all three)")
     parser.add_argument("--dense", action="store_true", help="add the dense and hybrid references (the dense extra)")
     parser.add_argument("--misses", action="store_true", help="list the requests ours does not rank first")
     parser.add_argument("--json", action="store_true", help="one JSON object per half and ranker")
@@ -120,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             args.dense = False
     ranking = rankers(servers, args.dense)
     print(f"{'half':<5} {'ranker':<7} {'requests':>8} " + " ".join(f"{m:>6}" for m in METRICS), flush=True)
-    for half in args.split or SPLITS:
+    for half in args.split or SETS:
         queries = halves[half]
         texts = [q.text for q in queries]
         for name, rank in ranking.items():

@@ -177,7 +177,9 @@ def test_the_tool_covering_most_of_the_request_comes_first(query: str, expected:
 def test_the_everyday_benchmark_is_sound_and_its_held_half_stays_out_of_the_tests() -> None:
     """benchmarks/everyday_requests.json: every gold tool exists in the real catalogs, the file names
     the servers' catalogs as CATALOG_FILES does, each request is once, the halves follow the
-    file's rule (SHA-256 order, alternate), and no held request is in this file's tables."""
+    file's rule (SHA-256 order, alternate), and no held request is in this file's tables. The
+    blind set (a second writer's) is sound the same way and shares no request with the first file
+    (it shares one with the tests' table, "what time is it in Tokyo", written by both writers)."""
     data = json.loads((ROOT / "benchmarks" / "everyday_requests.json").read_text(encoding="utf-8"))
     assert data["catalogs"] == CATALOG_FILES
     tools = {f"{server}/{tool.name}" for server, catalog in REAL.items() for tool in catalog.exposed_tools}
@@ -188,6 +190,12 @@ def test_the_everyday_benchmark_is_sound_and_its_held_half_stays_out_of_the_test
     assert [r["split"] for r in order] == [("dev", "held")[i % 2] for i in range(len(order))]
     held = {r["query"].lower() for r in requests if r["split"] == "held"}
     assert not held & {q.lower() for q, _ in [*EVERYDAY, *FIRST]}
+    blind = json.loads((ROOT / "benchmarks" / "everyday_requests_blind.json").read_text(encoding="utf-8"))
+    assert blind["catalogs"] == CATALOG_FILES and len(blind["requests"]) >= 100
+    assert not [(r["query"], g) for r in blind["requests"] for g in r["gold"] if g not in tools]
+    blind_queries = {r["query"].lower() for r in blind["requests"]}
+    assert len(blind_queries) == len(blind["requests"])
+    assert not blind_queries & {r["query"].lower() for r in requests}
 
 
 def test_a_one_tool_server_described_as_its_tool_ranks_as_without_metadata() -> None:

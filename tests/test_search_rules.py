@@ -182,28 +182,6 @@ def test_the_related_terms_table_is_compact_and_one_neighbour_per_meaning() -> N
         assert sims == sorted(sims, reverse=True) and all(0.5 <= sim <= 1 for sim in sims)
 
 
-def test_the_related_terms_table_joins_the_words_that_list_a_word() -> None:
-    """Nearest neighbours are not symmetric: "boots" lists "shoes" among its eight, "shoes" (near
-    many words) does not list "boots" among its own eight. The table joins them, so a request for
-    shoes reaches a tool that only says boots, below the words' own neighbours when less similar."""
-    table = related_terms()
-    assert "shoes" in dict(table["boots"]) and "boots" in dict(table["shoes"])
-    for word in ("shoes", "cryptocurrency", "weather"):
-        related = table[word]
-        assert 8 <= len(related) <= 10, related
-        stems = [stem(term) for term, _ in related]
-        assert stem(word) not in stems and len(stems) == len(set(stems)), related
-    catalog = synthetic(
-        "shop",
-        {"name": "find_boots", "description": "Find boots for hiking."},
-        {"name": "find_hats", "description": "Find hats for hiking."},
-    )
-    index, _ = build([catalog])
-    assert ranked(index, "shoes for hiking")[0] == ("shop", "find_boots")
-    matches = index.explain("shoes for hiking", "shop", "find_boots")
-    assert ("boots", "related: shoes") in [(m.query_term, m.origin) for m in matches]
-
-
 def test_a_lexicon_word_lends_only_the_lexicon_words() -> None:
     """An embedding model's neighbours of "save" include "delete": a word the lexicon knows (tool
     vocabulary) lends its hand-chosen expansions only, even where the catalog lacks it."""
