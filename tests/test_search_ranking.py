@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from aggregator.catalog.model import Catalog, ToolEntry, clean_tool, sorted_unique
 from aggregator.catalog.search import ToolSearchIndex, annotation_tokens
+from aggregator.catalog.search.query import lexicon
 from aggregator.catalog.search.tokens import is_cjk, stem, tokenize
 from aggregator.catalog.store import CatalogStore
 from tests.conftest import CATALOG_FILES, ROOT, SHARED_DATA, real_catalog
@@ -307,7 +308,13 @@ VOCABULARY = sorted(
         if len(token) > 1
     }
 )
-WORD = st.one_of(st.sampled_from(VOCABULARY), st.sampled_from(VOCABULARY).map(lambda w: w[: max(3, len(w) // 2)]))
+# the words of the lexicon's two-word entries ("add up", "take back"), so that phrases are exercised too
+PHRASE_WORDS = sorted({word for pair in lexicon().phrases for word in pair})
+WORD = st.one_of(
+    st.sampled_from(VOCABULARY),
+    st.sampled_from(VOCABULARY).map(lambda w: w[: max(3, len(w) // 2)]),
+    st.sampled_from(PHRASE_WORDS),
+)
 QUERY = st.lists(WORD, min_size=1, max_size=8).map(" ".join)
 ORDER = st.permutations(sorted(REAL))
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
