@@ -15,8 +15,12 @@ log = get_logger(__name__)
 
 def json_line(message: Any) -> bytes:
     """A message of plain JSON values as one line (the raw path's framing: no model in between).
-    Raises ValueError/TypeError for what JSON cannot hold, as `pydantic_core.to_json` does."""
-    return pydantic_core.to_json(message) + b"\n"
+    Raises ValueError/TypeError for what JSON cannot hold, as `pydantic_core.to_json` does.
+
+    NaN and ±Infinity, which a client's line may hold (Python's `json` writes them) and the message
+    union reads, become null, as the SDK's models write them on the full path: JSON has no such
+    value, and an upstream must not receive a line it may refuse that the other path would mend."""
+    return pydantic_core.to_json(message, inf_nan_mode="null") + b"\n"
 
 
 def error_line(request_id: Any, code: int, message: str) -> bytes:

@@ -537,6 +537,10 @@ catalog_arguments = st.fixed_dictionaries(
     call={"name": "rawkit__echo", "arguments": None, "_meta": {"progressToken": None}},
     catalog={"server": "rawkit", "tool": "echo"},
 )
+@example(  # Infinity (Python's json writes it) reaches the upstream as null on both paths, as JSON has no such value
+    call={"name": "rawkit__meta", "arguments": None, "_meta": {"custom/x": float("inf")}},
+    catalog={"server": "rawkit", "tool": "echo"},
+)
 def test_fuzzed_calls_answer_the_same_on_both_paths(
     bench: Bench, call: dict[str, Any], catalog: dict[str, Any]
 ) -> None:
