@@ -227,6 +227,18 @@ def test_a_verb_and_its_particle_mean_what_the_verb_alone_does_not() -> None:
     assert take_back["undo"].origin == "lexicon: take back" and take_back["undo"].weight == 0.7  # "take": a stop word
 
 
+def test_a_phrase_that_lists_its_verb_keeps_the_verbs_own_words() -> None:
+    """ "note down" means what "note" does (its entry lists "note"): the request still searches
+    note's own words ("fact", "observation") besides the phrase's; "add up" does not list "add",
+    so it searches "sum", never add's "create"."""
+    noted = {t.token: t for t in query_terms(tokenize("note down that the password rotates"), 0.1, 0.3, 0.7)}
+    assert noted["save"].origin == "lexicon: note down" and noted["fact"].origin == "lexicon: note"
+    added = {t.token: t for t in query_terms(tokenize("add up the prices"), 0.1, 0.3, 0.7)}
+    assert "sum" in added and "create" not in added
+    written = {t.token: t for t in query_terms(tokenize("write down my list"), 0.1, 0.3, 0.7)}
+    assert {"save", "persist", "store"} <= written.keys()
+
+
 def test_a_name_lends_its_related_words_but_no_lexicon_words() -> None:
     """ "Bitcoin" is a name (capitalised mid-sentence): it lends what it is (cryptocurrency), at the
     related words' weight; a short name ("Del") lends nothing."""
