@@ -149,6 +149,9 @@ EVERYDAY = [
     # words the right tool never uses: a table's fields, a web address
     ("what fields are in users", {"sqlite/describe_table"}),
     ("read this article for me https://news.example.org/story", {"fetch/fetch"}),
+    # one word of a tool's name: a request opening with a name verb ("open") damps names whose verb
+    # it does not ask for (add_observations' "observations", a lexicon word of "notes")
+    ("open notes.txt", {"filesystem/read_text_file", "filesystem/read_file"}),
 ]
 
 
