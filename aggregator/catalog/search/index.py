@@ -33,7 +33,7 @@ from aggregator.catalog.search.documents import (
     tool_fields,
 )
 from aggregator.catalog.search.explain import Match, explain
-from aggregator.catalog.search.query import LITERAL, NAME, Commonness, QueryTerm, coverage_weights, query_terms
+from aggregator.catalog.search.query import LITERAL, NAME, Commonness, QueryTerm, coverage_weights, lexicon, query_terms
 from aggregator.catalog.search.retrieval import (
     BIG,
     NO_MATCH,
@@ -394,13 +394,16 @@ class ToolSearchIndex:
         return [groups[word] for word in words], combine
 
     def _damped(self, query: str, terms: list[QueryTerm]) -> dict[int, frozenset[str]]:
-        """When the request opens with a verb that opens a tool's name ("delete the rows of the
-        events table": `delete_entities`): per tool whose name is a changing verb and its object
+        """When the request opens with a verb (a word that opens a tool's name, a changing verb or
+        a word of the lexicon: "delete the rows of the events table", "query the db"): per tool
+        whose name is a changing verb and its object
         (`documents.name_parts`, `CHANGING`), whose verb the request does not ask for (nor a
         lexicon word of it) and is of another kind than the request's, the query words that match
         its name's object words: that "table" says little for `create_table`."""
         tokens = tokenize(query)
-        if self._p.name_damping >= 1.0 or not tokens or stem(tokens[0]) not in self._verbs:
+        opening = stem(tokens[0]) if tokens else ""
+        verb_first = opening in self._verbs or opening in CHANGING or opening in lexicon().known
+        if self._p.name_damping >= 1.0 or not verb_first:
             return {}
         if any(t.word == tokens[0] and " " in t.origin.removeprefix("lexicon: ") for t in terms):
             return {}  # "add" of "add up": its phrase's sense, not its own
@@ -408,7 +411,8 @@ class ToolSearchIndex:
         verbs = {stem(t.token) for t in asked}
         kinds = CHANGING.get(stem(tokens[0]), frozenset())
         damped: dict[int, set[str]] = {}
-        for term in asked:
+        own = f"lexicon: {tokens[0]}"  # the opening verb's own lexicon words ("link": relation) name its action
+        for term in (t for t in asked if t.origin != own):
             for doc_id in self._by_object.get(stem(term.token), ()):
                 if (verb := self._name_parts[doc_id][0]) not in verbs and not CHANGING[verb] & kinds:
                     damped.setdefault(doc_id, set()).add(term.word)
