@@ -637,9 +637,10 @@ def test_a_name_object_counts_less_when_the_request_opens_with_another_name_verb
     undamped.load_catalog(synthetic("db", *NAME_VERB_TOOLS))
     assert ranked(undamped, query)[0] == ("db", "create_table")
     assert ranked(index, query)[0] != ("db", "create_table")
-    [table] = [m for m in index.explain(query, "db", "create_table") if m.query_term == "table"]
-    [full] = [m for m in undamped.explain(query, "db", "create_table") if m.query_term == "table"]
-    assert table.contribution == pytest.approx(full.contribution * DEFAULT_PARAMS.name_damping)
+    for opening in (query, "drop the old rows from the events table"):  # "drop" lends related words
+        [table] = [m for m in index.explain(opening, "db", "create_table") if m.query_term == "table"]
+        [full] = [m for m in undamped.explain(opening, "db", "create_table") if m.query_term == "table"]
+        assert table.contribution == pytest.approx(full.contribution * DEFAULT_PARAMS.name_damping), opening
     for kept in ("create a table for the events", "the events table", "add up the table", "write the events table"):
         assert index.all_scores(kept) == undamped.all_scores(kept), kept
 

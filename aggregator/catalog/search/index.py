@@ -405,7 +405,7 @@ class ToolSearchIndex:
         verb_first = opening in self._verbs or opening in CHANGING or opening in lexicon().known
         if self._p.name_damping >= 1.0 or not verb_first:
             return {}
-        if any(t.word == tokens[0] and " " in t.origin.removeprefix("lexicon: ") for t in terms):
+        if any(t.word == tokens[0] and t.origin.startswith(f"lexicon: {tokens[0]} ") for t in terms):
             return {}  # "add" of "add up": its phrase's sense, not its own
         asked = [t for t in terms if t.origin in (LITERAL, NAME) or t.origin.startswith("lexicon")]
         verbs = {stem(t.token) for t in asked}
