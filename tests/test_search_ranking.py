@@ -155,6 +155,7 @@ EVERYDAY = [
     ("open notes.txt", {"filesystem/read_text_file", "filesystem/read_file"}),
     ("query the db for users named smith", {"sqlite/read_query"}),
     ("compare the feature branch with develop", {"git/git_diff"}),
+    ("what's the structure of the payments table", {"sqlite/describe_table"}),  # a question reads
 ]
 
 

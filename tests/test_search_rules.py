@@ -628,8 +628,9 @@ NAME_VERB_TOOLS = (
 
 def test_a_name_object_counts_less_when_the_request_opens_with_another_name_verb() -> None:
     """ "delete ... table" opens with a verb that opens a tool's name (delete_entities): "table"
-    then says little for `create_table`, whose verb the request does not ask for. A request that
-    asks for create, or opens with no name verb, leaves the name its full weight."""
+    then says little for `create_table`, whose verb the request does not ask for; so for a question
+    ("what ..."). A request that asks for create (or a verb of its kind: write), or opens with
+    no verb, leaves the name its full weight."""
     plain = RankingParams(name_damping=1.0)
     query = "delete the old rows from the events table"
     index, _ = build([synthetic("db", *NAME_VERB_TOOLS)])
@@ -637,7 +638,8 @@ def test_a_name_object_counts_less_when_the_request_opens_with_another_name_verb
     undamped.load_catalog(synthetic("db", *NAME_VERB_TOOLS))
     assert ranked(undamped, query)[0] == ("db", "create_table")
     assert ranked(index, query)[0] != ("db", "create_table")
-    for opening in (query, "drop the old rows from the events table"):  # "drop" lends related words
+    damped = (query, "drop the old rows from the events table", "what rows are in the events table")
+    for opening in damped:  # "drop" lends related words; a question reads
         [table] = [m for m in index.explain(opening, "db", "create_table") if m.query_term == "table"]
         [full] = [m for m in undamped.explain(opening, "db", "create_table") if m.query_term == "table"]
         assert table.contribution == pytest.approx(full.contribution * DEFAULT_PARAMS.name_damping), opening

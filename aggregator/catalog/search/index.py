@@ -61,6 +61,8 @@ from aggregator.catalog.search.vocabulary import Tiers, Vocabulary
 from aggregator.catalog.store import CatalogStore
 
 Postings = dict[int, float]  # document id → the term's best field weight in that document
+# a word opening a question: the request reads, as with a reading verb (`ToolSearchIndex._damped`)
+QUESTION = frozenset({"what", "whats", "which", "where", "who", "whom", "whose", "when", "how"})
 _STATS_BUDGET = 400_000  # entries of per-token match tables kept between queries (~30 MB)
 
 
@@ -395,7 +397,8 @@ class ToolSearchIndex:
 
     def _damped(self, query: str, terms: list[QueryTerm]) -> dict[int, frozenset[str]]:
         """When the request opens with a verb (a word that opens a tool's name, a changing verb or
-        a word of the lexicon: "delete the rows of the events table", "query the db"): per tool
+        a word of the lexicon: "delete the rows of the events table", "query the db") or a
+        question word (a question reads: "what's in the payments table"): per tool
         whose name is a changing verb and its object
         (`documents.name_parts`, `CHANGING`), whose verb the request does not ask for (nor a
         lexicon word of it) and is of another kind than the request's, the query words that match
@@ -403,7 +406,7 @@ class ToolSearchIndex:
         tokens = tokenize(query)
         opening = stem(tokens[0]) if tokens else ""
         verb_first = opening in self._verbs or opening in CHANGING or opening in lexicon().known
-        if self._p.name_damping >= 1.0 or not verb_first:
+        if self._p.name_damping >= 1.0 or not (verb_first or opening in QUESTION):
             return {}
         if any(t.word == tokens[0] and t.origin.startswith(f"lexicon: {tokens[0]} ") for t in terms):
             return {}  # "add" of "add up": its phrase's sense, not its own
