@@ -150,6 +150,13 @@ EVERYDAY = [
     # words the right tool never uses: a table's fields, a web address
     ("what fields are in users", {"sqlite/describe_table"}),
     ("read this article for me https://news.example.org/story", {"fetch/fetch"}),
+    # one word of a tool's name: a request opening with a verb damps the object of names whose
+    # changing verb it does not ask for (add_observations' "observations", a lexicon word of "notes";
+    # create_table's "table", a lexicon word of "db"; git_create_branch's "branch")
+    ("open notes.txt", {"filesystem/read_text_file", "filesystem/read_file"}),
+    ("query the db for users named smith", {"sqlite/read_query"}),
+    ("compare the feature branch with develop", {"git/git_diff"}),
+    ("what's the structure of the payments table", {"sqlite/describe_table"}),  # a question reads
 ]
 
 

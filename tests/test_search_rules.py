@@ -227,6 +227,18 @@ def test_a_verb_and_its_particle_mean_what_the_verb_alone_does_not() -> None:
     assert take_back["undo"].origin == "lexicon: take back" and take_back["undo"].weight == 0.7  # "take": a stop word
 
 
+def test_a_phrase_that_lists_its_verb_keeps_the_verbs_own_words() -> None:
+    """ "note down" means what "note" does (its entry lists "note"): the request still searches
+    note's own words ("fact", "observation") besides the phrase's; "add up" does not list "add",
+    so it searches "sum", never add's "create"."""
+    noted = {t.token: t for t in query_terms(tokenize("note down that the password rotates"), 0.1, 0.3, 0.7)}
+    assert noted["save"].origin == "lexicon: note down" and noted["fact"].origin == "lexicon: note"
+    added = {t.token: t for t in query_terms(tokenize("add up the prices"), 0.1, 0.3, 0.7)}
+    assert "sum" in added and "create" not in added
+    written = {t.token: t for t in query_terms(tokenize("write down my list"), 0.1, 0.3, 0.7)}
+    assert {"save", "persist", "store"} <= written.keys()
+
+
 def test_a_name_lends_its_related_words_but_no_lexicon_words() -> None:
     """ "Bitcoin" is a name (capitalised mid-sentence): it lends what it is (cryptocurrency), at the
     related words' weight; a short name ("Del") lends nothing."""
@@ -605,3 +617,46 @@ def test_the_vocabulary_made_lazily_matches_one_kept_up_to_date(ops: list[tuple[
         lazy.forget(), eager.forget()
     for token in ("convert", "time", "zone", "converting", "tim"):
         assert lazy.expand(token, True) == eager.expand(token, True)
+
+
+NAME_VERB_TOOLS = (
+    {"name": "create_table", "description": "Create a new table."},
+    {"name": "delete_entities", "description": "Delete entities from the graph."},
+    {"name": "run_statement", "description": "Run a statement that may delete data."},
+)
+
+
+def test_a_name_object_counts_less_when_the_request_opens_with_another_name_verb() -> None:
+    """ "delete ... table" opens with a verb that opens a tool's name (delete_entities): "table"
+    then says little for `create_table`, whose verb the request does not ask for; so for a question
+    ("what ..."). A request that asks for create (or a verb of its kind: write), or opens with
+    no verb, leaves the name its full weight."""
+    plain = RankingParams(name_damping=1.0)
+    query = "delete the old rows from the events table"
+    index, _ = build([synthetic("db", *NAME_VERB_TOOLS)])
+    undamped = ToolSearchIndex(plain)
+    undamped.load_catalog(synthetic("db", *NAME_VERB_TOOLS))
+    assert ranked(undamped, query)[0] == ("db", "create_table")
+    assert ranked(index, query)[0] != ("db", "create_table")
+    damped = (query, "drop the old rows from the events table", "what rows are in the events table")
+    for opening in damped:  # "drop" lends related words; a question reads
+        [table] = [m for m in index.explain(opening, "db", "create_table") if m.query_term == "table"]
+        [full] = [m for m in undamped.explain(opening, "db", "create_table") if m.query_term == "table"]
+        assert table.contribution == pytest.approx(full.contribution * DEFAULT_PARAMS.name_damping), opening
+    for kept in ("create a table for the events", "the events table", "add up the table", "write the events table"):
+        assert index.all_scores(kept) == undamped.all_scores(kept), kept
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(["delete", "create", "table", "rows", "run", "entities", "the", "up"]), max_size=6))
+def test_name_damping_never_raises_a_score_and_search_agrees(words: list[str]) -> None:
+    query = " ".join(words)
+    index, _ = build([synthetic("db", *NAME_VERB_TOOLS)])
+    undamped = ToolSearchIndex(RankingParams(name_damping=1.0))
+    undamped.load_catalog(synthetic("db", *NAME_VERB_TOOLS))
+    scores, full = index.all_scores(query), undamped.all_scores(query)
+    assert all(score <= full[key] + 1e-12 for key, score in scores.items())
+    best = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:2]
+    assert [(h.server, h.tool) for h in index.search(query, 2)] == [key for key, _ in best]
+    for (server, tool), score in scores.items():
+        assert sum(m.contribution for m in index.explain(query, server, tool)) == pytest.approx(score)

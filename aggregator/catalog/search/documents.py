@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from aggregator.catalog.model import ToolEntry
-from aggregator.catalog.search.tokens import identifier, tokenize
+from aggregator.catalog.search.query import lexicon
+from aggregator.catalog.search.tokens import identifier, stem, tokenize
 
 MAX_INDEXED_CHARS = 16_384  # of one description or parameter text: a 1 MB one would block the loop on load
 
@@ -52,6 +53,35 @@ def counted_server_fields(own: Mapping[str, list[str]], server: Mapping[str, lis
 def card_fields(server_fields: Mapping[str, list[str]]) -> dict[str, list[str]]:
     """A card's fields: on its own, the server's name and description weigh as a tool's."""
     return {"name": server_fields["server_name"], "description": server_fields["server_description"]}
+
+
+NameParts = tuple[str, frozenset[str]]  # stems of a tool name's verb and of its other words
+# Verbs that change something, by what they do: a name opening with one says what the tool does
+# to its object. A request's verb of another kind contradicts it (delete a row: no create_table);
+# one of the same kind does not (create a file: write_file). "make" is of two ("make the volume
+# 20" sets it). A reading verb (get, list, read, find) contradicts no request: nearly any
+# request reads something.
+_KINDS = (
+    ("make", "create make new add insert write save store"),
+    ("remove", "delete remove erase drop"),
+    ("alter", "update edit modify change set move rename make"),
+)
+CHANGING = {
+    stem(verb): frozenset(kind for kind, verbs in _KINDS if verb in verbs.split())
+    for _, verbs in _KINDS
+    for verb in verbs.split()
+}
+
+
+def name_parts(name: list[str], server: list[str]) -> NameParts | None:
+    """A tool name that is a verb and its object (`create_table`, `git_create_branch` of server
+    "git"): the verb's stem, a word of the lexicon, and the other words' stems; None for any other
+    name. Its object words say what the tool acts on, not what it does: "table" in "delete the
+    rows of the events table" is no evidence for `create_table` (`RankingParams.name_damping`)."""
+    words = name[len(server) :] if name[: len(server)] == server else name
+    if len(words) < 2 or (verb := stem(words[0])) not in lexicon().known:
+        return None
+    return verb, frozenset(stem(word) for word in words[1:]) - {verb}
 
 
 def annotation_tokens(annotations: Mapping[str, Any] | None) -> list[str]:

@@ -32,11 +32,13 @@ def explain(
     fields: Mapping[str, list[str]],
     tie: float,
     coverage: float = 0.0,
+    damped: tuple[frozenset[str], float] = (frozenset(), 1.0),
 ) -> list[Match]:
     """Per query term (by query word, sorted), the vocabulary term of the document that counted,
     its tier, the fields holding it, and what it added: the best of a word's group in full,
     the others at the share `tie`, as the ranking adds them (`retrieval.group_values`), each
-    times the document's coverage factor (`retrieval.Combine`)."""
+    times the document's coverage factor (`retrieval.Combine`); a query word in `damped[0]` (it
+    matches the tool's name object, not its verb: `ToolSearchIndex._damped`) × `damped[1]`."""
     matches = []
     weights = coverage_weights(list(qterms))
     searched_weights: list[float] = []
@@ -58,6 +60,7 @@ def explain(
         top = max(found, key=lambda item: item[1][0], default=None)
         for qterm, (value, term, tier) in found:
             share = 1.0 if (qterm, (value, term, tier)) == top else tie
+            share *= damped[1] if word in damped[0] else 1.0
             holding = tuple(f for f in FIELDS if term in fields.get(f, ()))
             matches.append(Match(qterm.token, qterm.origin, term, tier, holding, share * value))
     factor = Combine(tie, tuple(searched_weights), coverage).factors({0: covered})[0]

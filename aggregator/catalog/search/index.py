@@ -23,9 +23,17 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from aggregator.catalog.model import Catalog, ToolEntry
-from aggregator.catalog.search.documents import card_fields, counted_server_fields, server_fields, tool_fields
+from aggregator.catalog.search.documents import (
+    CHANGING,
+    NameParts,
+    card_fields,
+    counted_server_fields,
+    name_parts,
+    server_fields,
+    tool_fields,
+)
 from aggregator.catalog.search.explain import Match, explain
-from aggregator.catalog.search.query import Commonness, QueryTerm, coverage_weights, query_terms
+from aggregator.catalog.search.query import LITERAL, NAME, Commonness, QueryTerm, coverage_weights, lexicon, query_terms
 from aggregator.catalog.search.retrieval import (
     BIG,
     NO_MATCH,
@@ -48,11 +56,13 @@ from aggregator.catalog.search.scoring import (
     field_frequencies,
     idf,
 )
-from aggregator.catalog.search.tokens import identifiers, names, tokenize
+from aggregator.catalog.search.tokens import identifiers, names, stem, tokenize
 from aggregator.catalog.search.vocabulary import Tiers, Vocabulary
 from aggregator.catalog.store import CatalogStore
 
 Postings = dict[int, float]  # document id → the term's best field weight in that document
+# a word opening a question: the request reads, as with a reading verb (`ToolSearchIndex._damped`)
+QUESTION = frozenset({"what", "whats", "which", "where", "who", "whom", "whose", "when", "how"})
 _STATS_BUDGET = 400_000  # entries of per-token match tables kept between queries (~30 MB)
 
 
@@ -101,6 +111,9 @@ class ToolSearchIndex:
         self._stats: dict[tuple[str, bool], TokenStats] = {}
         self._stats_size = 0
         self._next_id = 1
+        self._name_parts: dict[int, NameParts] = {}  # tools whose name is a verb and its object
+        self._by_object: dict[str, set[int]] = {}  # stem of an object word of a CHANGING verb's name → those tools
+        self._verbs: dict[str, int] = {}  # stem of a name's verb → how many names open with it
 
     # ------------------------------------------------------------ following the catalogs
 
@@ -137,6 +150,13 @@ class ToolSearchIndex:
         shared = field_frequencies(fields, self._p)
         tools = catalog.exposed_tools
         self._tool_ids[server] = [self._add_doc(self._tool_doc(entry, fields, shared)) for entry in tools]
+        for doc_id, entry in zip(self._tool_ids[server], tools, strict=True):
+            parts = name_parts(tokenize(entry.name), fields["server_name"])
+            if parts is not None:
+                self._name_parts[doc_id] = parts
+                self._verbs[parts[0]] = self._verbs.get(parts[0], 0) + 1
+                for word in parts[1] if parts[0] in CHANGING else ():
+                    self._by_object.setdefault(word, set()).add(doc_id)
 
     def _tool_doc(self, entry: ToolEntry, server: Mapping[str, list[str]], shared: Mapping[str, float]) -> _Doc:
         """A tool's document: its own fields and its server's (`counted_server_fields`)."""
@@ -220,6 +240,15 @@ class ToolSearchIndex:
 
     def _remove_doc(self, doc_id: int) -> None:
         doc = self._docs.pop(doc_id)
+        parts = self._name_parts.pop(doc_id, None)
+        if parts is not None:
+            self._verbs[parts[0]] -= 1
+            if not self._verbs[parts[0]]:
+                del self._verbs[parts[0]]
+        for word in parts[1] if parts and parts[0] in CHANGING else ():
+            self._by_object[word].discard(doc_id)
+            if not self._by_object[word]:
+                del self._by_object[word]
         postings_map, others = self._postings_maps(doc_id < 0)
         for term in doc.terms:
             postings = postings_map[term]
@@ -358,17 +387,50 @@ class ToolSearchIndex:
                 groups.setdefault(term.word, []).append(stats.scaled(term.weight))
         words = sorted(groups)
         weights = coverage_weights(terms)
-        combine = Combine(self._p.lexicon_tie, tuple(weights[word] for word in words), self._p.coverage)
+        position = {word: i for i, word in enumerate(words)}
+        found = self._damped(query, terms)
+        damped = {d: frozenset(position[w] for w in ws if w in position) for d, ws in found.items()}
+        combine = Combine(
+            self._p.lexicon_tie, tuple(weights[word] for word in words), self._p.coverage, damped, self._p.name_damping
+        )
         return [groups[word] for word in words], combine
+
+    def _damped(self, query: str, terms: list[QueryTerm]) -> dict[int, frozenset[str]]:
+        """When the request opens with a verb (a word that opens a tool's name, a changing verb or
+        a word of the lexicon: "delete the rows of the events table", "query the db") or a
+        question word (a question reads: "what's in the payments table"): per tool
+        whose name is a changing verb and its object
+        (`documents.name_parts`, `CHANGING`), whose verb the request does not ask for (nor a
+        lexicon word of it) and is of another kind than the request's, the query words that match
+        its name's object words: that "table" says little for `create_table`."""
+        tokens = tokenize(query)
+        opening = stem(tokens[0]) if tokens else ""
+        verb_first = opening in self._verbs or opening in CHANGING or opening in lexicon().known
+        if self._p.name_damping >= 1.0 or not (verb_first or opening in QUESTION):
+            return {}
+        if any(t.word == tokens[0] and t.origin.startswith(f"lexicon: {tokens[0]} ") for t in terms):
+            return {}  # "add" of "add up": its phrase's sense, not its own
+        asked = [t for t in terms if t.origin in (LITERAL, NAME) or t.origin.startswith("lexicon")]
+        verbs = {stem(t.token) for t in asked}
+        kinds = CHANGING.get(stem(tokens[0]), frozenset())
+        damped: dict[int, set[str]] = {}
+        own = f"lexicon: {tokens[0]}"  # the opening verb's own lexicon words ("link": relation) name its action
+        for term in (t for t in asked if t.origin != own):
+            for doc_id in self._by_object.get(stem(term.token), ()):
+                if (verb := self._name_parts[doc_id][0]) not in verbs and not CHANGING[verb] & kinds:
+                    damped.setdefault(doc_id, set()).add(term.word)
+        return {doc_id: frozenset(found) for doc_id, found in damped.items()}
 
     def explain(self, query: str, server: str, tool: str) -> list[Match]:
         """How the tool's score for `query` is made: per query term, the vocabulary term that
         counted, its tier, the fields holding it, and what it added (the sum is the score)."""
-        doc = next((self._docs[d] for d in self._tool_ids.get(server, []) if self._docs[d].tool == tool), None)
-        if doc is None or doc.entry is None:
+        doc_id = next((d for d in self._tool_ids.get(server, []) if self._docs[d].tool == tool), None)
+        doc = None if doc_id is None else self._docs[doc_id]
+        if doc_id is None or doc is None or doc.entry is None:
             return []
         qterms, fields, p = self.query_terms(query), self.fields(doc.entry), self._p
-        return explain(qterms, self._scaled_terms, doc.terms, fields, p.lexicon_tie, p.coverage)
+        damped = (self._damped(query, qterms).get(doc_id, frozenset()), p.name_damping)
+        return explain(qterms, self._scaled_terms, doc.terms, fields, p.lexicon_tie, p.coverage, damped)
 
     def search(self, query: str, limit: int) -> list[Hit]:
         """The best `limit` exposed tools of loaded catalogs, by score, ties on (server, tool)."""

@@ -13,8 +13,10 @@ Lexicon words are matched by Snowball stem, so "pictures" expands like
 A two-word entry ("add up", "look up", "take back": a verb and its particle,
 a stop word, as the verb may be) matches two consecutive query words by stem
 and adds its words in place of the verb's own: "add up 3 and 4" searches "sum" and "total", not the
-"create" and "new" of "add". No catalog holds a phrase as such, so its words
-weigh what a lexicon word of an absent query word weighs.
+"create" and "new" of "add". A phrase whose words include its verb keeps the verb's sense, and so
+its words too: "note down" (save, record, note) still searches note's "fact" and "observation".
+No catalog holds a phrase as such, so its words weigh what a lexicon word of an absent query word
+weighs.
 
 The words a query word adds are alternatives to it, not more evidence: the
 ranking takes the best of a word and its additions in full and the rest at a
@@ -276,12 +278,13 @@ def query_terms(
         offer(QueryTerm(token, weight, origin, token))
     literal_stems = {stem(t) for t in literal}
     for token, origin in sorted(literal.items()):
-        if origin != NAME and token in phrases:  # its phrase's words, never its own ("add up": not create)
+        if origin != NAME and token in phrases:  # its phrase's words, not its own ("add up": not create) ...
             phrase, adds = phrases[token]
             for added in adds:
                 if stem(added) not in literal_stems and added not in lex.stop_words:
                     offer(QueryTerm(added, phrase_weight, f"lexicon: {phrase}", token))
-            continue
+            if stem(token) not in {stem(added) for added in adds}:
+                continue  # ... unless the phrase lists the verb itself: "note down" keeps note's sense
         if origin == STOP or (origin == NAME and len(token) < MIN_NAME_RELATED):
             continue
         weight, related = expansion_weight, related_weight

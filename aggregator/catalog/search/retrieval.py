@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter
 from typing import Any
@@ -78,6 +78,8 @@ class Combine:
     tie: float
     weights: tuple[float, ...] = ()
     coverage: float = 0.0
+    damped: Mapping[int, frozenset[int]] = field(default_factory=dict)  # document → groups it holds ...
+    damping: float = 1.0  # ... only in its name's object words, its name's verb not asked for: × this
 
     def factors(self, covered: Mapping[int, float]) -> dict[int, float]:
         """Per document, the factor of its `covered` weight (at least LEAST_FACTOR: a tool that
@@ -165,8 +167,11 @@ def bulk_scores(docs: Iterable[int], groups: Sequence[Group], combine: Combine) 
     totals = dict.fromkeys(docs, 0.0)
     covered = dict.fromkeys(totals, 0.0) if combine.coverage > 0 else None
     weights = combine.weights or (0.0,) * len(groups)
-    for group, weight in zip(groups, weights, strict=True):
+    for position, (group, weight) in enumerate(zip(groups, weights, strict=True)):
         values = group_values(totals, group, combine.tie)
+        if combine.damped:
+            damped = combine.damped
+            values.update({d: v * combine.damping for d, v in values.items() if position in damped.get(d, ())})
         totals.update({d: totals[d] + v for d, v in values.items()})
         if covered is not None and weight:
             covered.update({d: covered[d] + weight for d in values})

@@ -74,6 +74,7 @@ class RankingParams:
     common_floor: float = 0.5  # ... down to this (query.Commonness)
     lexicon_tie: float = 0.3  # share of a group's terms other than its best (dis_max tie breaker)
     coverage: float = 0.1  # a score × (share of the query's word weight the tool matches) ** this
+    name_damping: float = 0.5  # a query word matching a verb-object name's object, its verb not asked for: × this
     min_partial: int = 3  # shortest non-CJK query token that may prefix/substring-match
 
     def field_weight(self, field: str) -> float:
