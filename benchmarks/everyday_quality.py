@@ -1,6 +1,6 @@
 """Search quality on everyday requests over the eight real servers (issue 23).
 
-    .venv/bin/python benchmarks/everyday_quality.py [--split dev|held|blind] [--dense] [--misses] [--json]
+    .venv/bin/python benchmarks/everyday_quality.py [--split dev|held|blind|blind-N] [--dense] [--misses] [--json]
 
 The requests are `benchmarks/everyday_requests.json`: what a person would type to
 Claude Desktop or Code with the official servers connected (time, fetch,
@@ -9,9 +9,9 @@ every tool that would do. The servers are built from their real `tools/list`
 results in `../shared/data/catalogs/` (no operator descriptions, as in a
 typical config). The requests are split in two halves by a fixed rule (the
 file's `about`): tune on "dev", report "held" before and after. A third set,
-"blind" (`benchmarks/everyday_requests_blind.json`), was written by a second
-writer who read only the catalogs: never tuned on, it shows whether changes
-chosen on one writer's words carry to another's.
+"blind" (`benchmarks/everyday_requests_blind.json`), was written by two more
+writers who read only the catalogs ("blind-2", "blind-3": each alone): never
+tuned on, it shows whether changes chosen on one writer's words carry to others'.
 
 Rankers: ours, plain BM25 (`search_quality.py`'s), and with `--dense` the dense
 retriever (all-MiniLM-L6-v2) and the reciprocal-rank fusion of ours with it
@@ -52,13 +52,16 @@ def load_requests(path: Path = REQUESTS, blind: Path = BLIND) -> tuple[dict[str,
     and of the blind set."""
     data = json.loads(path.read_text(encoding="utf-8"))
     rule = split_of([r["query"] for r in data["requests"]])
-    halves: dict[str, list[Query]] = {name: [] for name in SETS}
+    halves: dict[str, list[Query]] = {name: [] for name in SETS}  # and "blind-N": writer N's blind requests
     for request in data["requests"]:
         text, half = request["query"], request["split"]
         if rule[text] != half:
             raise ValueError(f"{text!r} is marked {half!r}, the rule says {rule[text]!r}")
         halves[half].append(_query(text, request["gold"]))
-    halves["blind"] = [_query(r["query"], r["gold"]) for r in json.loads(blind.read_text(encoding="utf-8"))["requests"]]
+    for request in json.loads(blind.read_text(encoding="utf-8"))["requests"]:
+        query = _query(request["query"], request["gold"])
+        halves["blind"].append(query)
+        halves.setdefault(f"blind-{request['writer']}", []).append(query)  # each writer's alone
     return data["catalogs"], halves
 
 
@@ -113,12 +116,16 @@ def rankers(servers: list[dict[str, Any]], dense: bool) -> dict[str, Callable[[l
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--split", choices=SETS, action="append", help="a set to rank (default: all three)")
+    parser.add_argument(
+        "--split", action="append", help="dev, held, blind or blind-N (writer N alone); default: the first three"
+    )
     parser.add_argument("--dense", action="store_true", help="add the dense and hybrid references (the dense extra)")
     parser.add_argument("--misses", action="store_true", help="list the requests ours does not rank first")
     parser.add_argument("--json", action="store_true", help="one JSON object per half and ranker")
     args = parser.parse_args(argv)
     catalogs, halves = load_requests()
+    if unknown := set(args.split or ()) - halves.keys():
+        parser.error(f"no such set: {', '.join(sorted(unknown))} (sets: {', '.join(sorted(halves))})")
     servers = load_servers(catalogs)
     if servers is None:
         print(f"skipped: the real catalogs are not in {CATALOG_DIR}", file=sys.stderr)

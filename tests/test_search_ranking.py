@@ -186,7 +186,7 @@ def test_the_everyday_benchmark_is_sound_and_its_held_half_stays_out_of_the_test
     """benchmarks/everyday_requests.json: every gold tool exists in the real catalogs, the file names
     the servers' catalogs as CATALOG_FILES does, each request is once, the halves follow the
     file's rule (SHA-256 order, alternate), and no held request is in this file's tables. The
-    blind set (a second writer's) is sound the same way and shares no request with the first file
+    blind set (two more writers') is sound the same way and shares no request with the first file
     (it shares one with the tests' table, "what time is it in Tokyo", written by both writers)."""
     data = json.loads((ROOT / "benchmarks" / "everyday_requests.json").read_text(encoding="utf-8"))
     assert data["catalogs"] == CATALOG_FILES
@@ -199,7 +199,8 @@ def test_the_everyday_benchmark_is_sound_and_its_held_half_stays_out_of_the_test
     held = {r["query"].lower() for r in requests if r["split"] == "held"}
     assert not held & {q.lower() for q, _ in [*EVERYDAY, *FIRST]}
     blind = json.loads((ROOT / "benchmarks" / "everyday_requests_blind.json").read_text(encoding="utf-8"))
-    assert blind["catalogs"] == CATALOG_FILES and len(blind["requests"]) >= 100
+    assert blind["catalogs"] == CATALOG_FILES and len(blind["requests"]) >= 200
+    assert {r["writer"] for r in blind["requests"]} == {2, 3}
     assert not [(r["query"], g) for r in blind["requests"] for g in r["gold"] if g not in tools]
     blind_queries = {r["query"].lower() for r in blind["requests"]}
     assert len(blind_queries) == len(blind["requests"])
