@@ -660,3 +660,21 @@ def test_name_damping_never_raises_a_score_and_search_agrees(words: list[str]) -
     assert [(h.server, h.tool) for h in index.search(query, 2)] == [key for key, _ in best]
     for (server, tool), score in scores.items():
         assert sum(m.contribution for m in index.explain(query, server, tool)) == pytest.approx(score)
+
+
+def test_names_loaded_and_replaced_before_any_search_are_parsed_at_the_first_one() -> None:
+    """A name's verb and object are worked out at the first search, not at load (stemming loads
+    the stemmer, which `serve` defers): a catalog replaced and one dropped before any search leave
+    nothing behind, and the damping then holds for what is loaded, as on a fresh index."""
+    index = ToolSearchIndex()
+    index.load_catalog(synthetic("db", *NAME_VERB_TOOLS))
+    index.load_catalog(synthetic("old", {"name": "create_index", "description": "Create an index on a table."}))
+    index.load_catalog(synthetic("db", *NAME_VERB_TOOLS[:2]))  # replaces db: run_statement goes
+    index.drop_catalog("old")
+    fresh, _ = build([synthetic("db", *NAME_VERB_TOOLS[:2])])
+    query = "delete the old rows from the events table"
+    assert index.all_scores(query) == fresh.all_scores(query)
+    assert index.explain(query, "db", "create_table") == fresh.explain(query, "db", "create_table")
+    index.drop_catalog("db")  # after the first search: the parsed names go too
+    assert index.search(query, 5) == [] and index.all_scores("create table") == {}
+    assert not (index._name_parts or index._by_object or index._verbs or index._unparsed_names)  # nothing leaks

@@ -9,6 +9,7 @@ not loaded is indexed as a *card* of its name and metadata alone.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from functools import cache
 from typing import Any
 
 from aggregator.catalog.model import ToolEntry
@@ -66,11 +67,17 @@ _KINDS = (
     ("remove", "delete remove erase drop"),
     ("alter", "update edit modify change set move rename make"),
 )
-CHANGING = {
-    stem(verb): frozenset(kind for kind, verbs in _KINDS if verb in verbs.split())
-    for _, verbs in _KINDS
-    for verb in verbs.split()
-}
+
+
+@cache
+def changing() -> dict[str, frozenset[str]]:
+    """Stem of a changing verb → its kinds (`_KINDS`), worked out on first use: stemming loads
+    the stemmer, which `serve` defers to the first search (issue 24: memory)."""
+    return {
+        stem(verb): frozenset(kind for kind, verbs in _KINDS if verb in verbs.split())
+        for _, verbs in _KINDS
+        for verb in verbs.split()
+    }
 
 
 def name_parts(name: list[str], server: list[str]) -> NameParts | None:

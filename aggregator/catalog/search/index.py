@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 from aggregator.catalog.model import Catalog, ToolEntry
 from aggregator.catalog.search.documents import (
-    CHANGING,
     NameParts,
     card_fields,
+    changing,
     counted_server_fields,
     name_parts,
     server_fields,
@@ -112,8 +112,9 @@ class ToolSearchIndex:
         self._stats_size = 0
         self._next_id = 1
         self._name_parts: dict[int, NameParts] = {}  # tools whose name is a verb and its object
-        self._by_object: dict[str, set[int]] = {}  # stem of an object word of a CHANGING verb's name → those tools
+        self._by_object: dict[str, set[int]] = {}  # stem of an object word of a changing verb's name → those tools
         self._verbs: dict[str, int] = {}  # stem of a name's verb → how many names open with it
+        self._unparsed_names: dict[int, tuple[list[str], list[str]]] = {}  # tool → its name's and server's tokens
 
     # ------------------------------------------------------------ following the catalogs
 
@@ -151,12 +152,20 @@ class ToolSearchIndex:
         tools = catalog.exposed_tools
         self._tool_ids[server] = [self._add_doc(self._tool_doc(entry, fields, shared)) for entry in tools]
         for doc_id, entry in zip(self._tool_ids[server], tools, strict=True):
-            parts = name_parts(tokenize(entry.name), fields["server_name"])
+            self._unparsed_names[doc_id] = (tokenize(entry.name), fields["server_name"])
+
+    def _parse_names(self) -> None:
+        """Work out the verb and object of the names loaded since the last search (`name_parts`):
+        at the first search, not at load, since stemming loads the stemmer (issue 24: memory)."""
+        kinds = changing() if self._unparsed_names else {}
+        for doc_id, (name, server) in self._unparsed_names.items():
+            parts = name_parts(name, server)
             if parts is not None:
                 self._name_parts[doc_id] = parts
                 self._verbs[parts[0]] = self._verbs.get(parts[0], 0) + 1
-                for word in parts[1] if parts[0] in CHANGING else ():
+                for word in parts[1] if parts[0] in kinds else ():
                     self._by_object.setdefault(word, set()).add(doc_id)
+        self._unparsed_names.clear()
 
     def _tool_doc(self, entry: ToolEntry, server: Mapping[str, list[str]], shared: Mapping[str, float]) -> _Doc:
         """A tool's document: its own fields and its server's (`counted_server_fields`)."""
@@ -240,12 +249,13 @@ class ToolSearchIndex:
 
     def _remove_doc(self, doc_id: int) -> None:
         doc = self._docs.pop(doc_id)
+        self._unparsed_names.pop(doc_id, None)
         parts = self._name_parts.pop(doc_id, None)
         if parts is not None:
             self._verbs[parts[0]] -= 1
             if not self._verbs[parts[0]]:
                 del self._verbs[parts[0]]
-        for word in parts[1] if parts and parts[0] in CHANGING else ():
+        for word in parts[1] if parts and parts[0] in changing() else ():
             self._by_object[word].discard(doc_id)
             if not self._by_object[word]:
                 del self._by_object[word]
@@ -400,24 +410,26 @@ class ToolSearchIndex:
         a word of the lexicon: "delete the rows of the events table", "query the db") or a
         question word (a question reads: "what's in the payments table"): per tool
         whose name is a changing verb and its object
-        (`documents.name_parts`, `CHANGING`), whose verb the request does not ask for (nor a
+        (`documents.name_parts`, `changing`), whose verb the request does not ask for (nor a
         lexicon word of it) and is of another kind than the request's, the query words that match
         its name's object words: that "table" says little for `create_table`."""
+        self._parse_names()
+        kinds_of = changing()
         tokens = tokenize(query)
         opening = stem(tokens[0]) if tokens else ""
-        verb_first = opening in self._verbs or opening in CHANGING or opening in lexicon().known
+        verb_first = opening in self._verbs or opening in kinds_of or opening in lexicon().known
         if self._p.name_damping >= 1.0 or not (verb_first or opening in QUESTION):
             return {}
         if any(t.word == tokens[0] and t.origin.startswith(f"lexicon: {tokens[0]} ") for t in terms):
             return {}  # "add" of "add up": its phrase's sense, not its own
         asked = [t for t in terms if t.origin in (LITERAL, NAME) or t.origin.startswith("lexicon")]
         verbs = {stem(t.token) for t in asked}
-        kinds = CHANGING.get(stem(tokens[0]), frozenset())
+        kinds = kinds_of.get(stem(tokens[0]), frozenset())
         damped: dict[int, set[str]] = {}
         own = f"lexicon: {tokens[0]}"  # the opening verb's own lexicon words ("link": relation) name its action
         for term in (t for t in asked if t.origin != own):
             for doc_id in self._by_object.get(stem(term.token), ()):
-                if (verb := self._name_parts[doc_id][0]) not in verbs and not CHANGING[verb] & kinds:
+                if (verb := self._name_parts[doc_id][0]) not in verbs and not kinds_of[verb] & kinds:
                     damped.setdefault(doc_id, set()).add(term.word)
         return {doc_id: frozenset(found) for doc_id, found in damped.items()}
 
