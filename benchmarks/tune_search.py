@@ -68,6 +68,9 @@ GRID: dict[str, tuple[float, ...] | tuple[int, ...]] = {
     "coverage": (0.0, 0.05, 0.1, 0.15, 0.2),
     "related_rare": (0.0, 0.1, 0.2, 0.3),
     "rare_holders": (1, 2, 3),
+    "meaning": (0.0, 0.3, 0.6, 0.9, 1.2),  # the five sets alone prefer more; everyday requests less (docs)
+    "meaning_head": (10, 20, 30),
+    "meaning_named": (0.0, 0.5, 0.75, 1.0),
 }
 # The starting point before any tuning: textbook BM25 values and round guesses, so that the
 # leave-one-out runs start from weights that never saw the held-out set.
@@ -97,6 +100,8 @@ PRIOR = RankingParams(
     common_slope=0.0,
     coverage=0.0,
     related_rare=0.0,
+    meaning=0.0,
+    meaning_named=0.0,
 )
 Scores = dict[str, dict[str, float]]  # dataset → {"strict": ratio to bar, "lenient": ratio to bar, ...}
 

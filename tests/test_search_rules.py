@@ -1,5 +1,7 @@
 """Tokenizer, query vocabulary and ranking rules of catalog_search_tools (DESIGN §2.2), on
-small synthetic catalogs: these need no data beside the repository."""
+small synthetic catalogs: these need no data beside the repository. The rules are those of the
+ranking by words (`WORDS`); the re-rank of the best by meaning has its own tests
+(test_search_meaning.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ from aggregator.catalog.search.tokens import identifiers, inflection_pair, is_cj
 from aggregator.catalog.store import CatalogStore
 from aggregator.tools.catalog_search import format_explanation
 
+WORDS = replace(DEFAULT_PARAMS, meaning=0.0)  # the ranking by words alone, without the re-rank by meaning
+
 
 def synthetic(server: str, *tools: Mapping[str, Any], hidden: Iterable[str] = ()) -> Catalog:
     hide = set(hidden)
@@ -37,10 +41,12 @@ def synthetic(server: str, *tools: Mapping[str, Any], hidden: Iterable[str] = ()
 
 
 def build(
-    catalogs: Iterable[Catalog], metadata: Mapping[str, tuple[str, list[str]]] | None = None
+    catalogs: Iterable[Catalog],
+    metadata: Mapping[str, tuple[str, list[str]]] | None = None,
+    params: RankingParams = WORDS,
 ) -> tuple[ToolSearchIndex, CatalogStore]:
     store = CatalogStore()
-    index = ToolSearchIndex()
+    index = ToolSearchIndex(params)
     index.attach(store)
     for server, (description, caps) in (metadata or {}).items():
         index.set_server_metadata(server, description, caps)
@@ -260,7 +266,7 @@ def test_a_word_few_tools_hold_lends_its_related_words() -> None:
     more tools hold lends none."""
     calculator = {"name": "calculator", "description": "A scientific calculator."}
     papers = {"name": "papers", "description": "Search academic research papers and studies."}
-    params = replace(DEFAULT_PARAMS, related_rare=0.3, rare_holders=1)
+    params = replace(WORDS, related_rare=0.3, rare_holders=1)
     query = "scientific literature"
     index = _with(params, synthetic("s", calculator, papers))
     terms = {t.token: t for t in index.query_terms(query)}
@@ -290,7 +296,7 @@ def test_a_word_common_in_english_weighs_less() -> None:
     assert terms["find"].weight < terms["near"].weight < terms["apartments"].weight == 1.0
     assert terms["the"].weight == DEFAULT_PARAMS.stop_word
     assert first == "rentals"
-    flat = ToolSearchIndex(replace(DEFAULT_PARAMS, common_slope=0.0, related_rare=0.0))  # the words alone
+    flat = ToolSearchIndex(replace(WORDS, common_slope=0.0, related_rare=0.0))  # the words alone
     store = CatalogStore()
     flat.attach(store)
     store.put(synthetic("s", *tools))
@@ -340,7 +346,7 @@ def test_a_tool_that_covers_more_of_the_request_outranks_one_word_lifts() -> Non
         },
         {"name": "note", "description": "Keep a note about the cats."},
     )
-    alone = replace(DEFAULT_PARAMS, related_rare=0.0)  # "zodiac", held by one tool, lends no words here
+    alone = replace(WORDS, related_rare=0.0)  # "zodiac", held by one tool, lends no words here
     plain = _with(replace(alone, coverage=0.0), catalog)
     index = _with(alone, catalog)
     query = "rain tomorrow zodiac"
@@ -375,8 +381,8 @@ def test_coverage_never_raises_a_score_and_explain_adds_up(words: list[str], cov
         {"name": "forecast", "description": "Rain and wind in a city, today and tomorrow."},
         {"name": "note", "description": "Keep a note about the cats."},
     )
-    plain = _with(replace(DEFAULT_PARAMS, coverage=0.0), catalog)
-    index = _with(replace(DEFAULT_PARAMS, coverage=coverage), catalog)
+    plain = _with(replace(WORDS, coverage=0.0), catalog)
+    index = _with(replace(WORDS, coverage=coverage), catalog)
     query = " ".join(words)
     before = plain.all_scores(query)
     after = index.all_scores(query)
@@ -403,7 +409,7 @@ def test_a_query_word_and_its_lexicon_words_score_as_one_group() -> None:
     )
 
     def scores(tie: float) -> tuple[float, list[float]]:
-        index = ToolSearchIndex(replace(DEFAULT_PARAMS, lexicon_tie=tie))
+        index = ToolSearchIndex(replace(WORDS, lexicon_tie=tie))
         store = CatalogStore()
         index.attach(store)
         store.put(catalog)
@@ -631,7 +637,7 @@ def test_a_name_object_counts_less_when_the_request_opens_with_another_name_verb
     then says little for `create_table`, whose verb the request does not ask for; so for a question
     ("what ..."). A request that asks for create (or a verb of its kind: write), or opens with
     no verb, leaves the name its full weight."""
-    plain = RankingParams(name_damping=1.0)
+    plain = replace(WORDS, name_damping=1.0)
     query = "delete the old rows from the events table"
     index, _ = build([synthetic("db", *NAME_VERB_TOOLS)])
     undamped = ToolSearchIndex(plain)
@@ -652,7 +658,7 @@ def test_a_name_object_counts_less_when_the_request_opens_with_another_name_verb
 def test_name_damping_never_raises_a_score_and_search_agrees(words: list[str]) -> None:
     query = " ".join(words)
     index, _ = build([synthetic("db", *NAME_VERB_TOOLS)])
-    undamped = ToolSearchIndex(RankingParams(name_damping=1.0))
+    undamped = ToolSearchIndex(replace(WORDS, name_damping=1.0))
     undamped.load_catalog(synthetic("db", *NAME_VERB_TOOLS))
     scores, full = index.all_scores(query), undamped.all_scores(query)
     assert all(score <= full[key] + 1e-12 for key, score in scores.items())
@@ -666,7 +672,7 @@ def test_names_loaded_and_replaced_before_any_search_are_parsed_at_the_first_one
     """A name's verb and object are worked out at the first search, not at load (stemming loads
     the stemmer, which `serve` defers): a catalog replaced and one dropped before any search leave
     nothing behind, and the damping then holds for what is loaded, as on a fresh index."""
-    index = ToolSearchIndex()
+    index = ToolSearchIndex(WORDS)
     index.load_catalog(synthetic("db", *NAME_VERB_TOOLS))
     index.load_catalog(synthetic("old", {"name": "create_index", "description": "Create an index on a table."}))
     index.load_catalog(synthetic("db", *NAME_VERB_TOOLS[:2]))  # replaces db: run_statement goes

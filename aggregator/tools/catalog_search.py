@@ -284,6 +284,9 @@ def format_explanation(index: ToolSearchIndex, query: str, payload: Mapping[str,
         coverage = f"  (coverage ×{matches[0].coverage:.3f})" if matches and matches[0].coverage != 1.0 else ""
         lines.append(f"#{rank} {item['server']}/{item['tool']}  score {item.get('score')}{coverage}")
         for m in matches:
+            if m.origin == "meaning":  # `ToolSearchIndex._explain_meaning`
+                lines.append(f"    {'(meaning)':<14} → {m.term} with the request{'':<13} +{m.contribution:.4f}")
+                continue
             origin = "" if m.origin == "query" else f"  [{m.origin}]"
             lines.append(
                 f"    {m.query_term:<14} → {m.term:<16} {m.tier:<9} in {','.join(m.fields) or '-':<28} "

@@ -3,7 +3,8 @@
 Read in this order: `tokens` (the words of a text), `documents` (the fields of a
 tool), `scoring` (weights, BM25F, idf), `vocabulary` (the match tiers of a query
 token), `query` (stop words and the lexicon), `index` (postings and a query
-token's value per document), `retrieval` (top k) and `explain`.
+token's value per document), `retrieval` (top k), `meaning` (the re-rank of
+the best by closeness in meaning) and `explain`.
 """
 
 from aggregator.catalog.search.documents import MAX_INDEXED_CHARS, annotation_tokens

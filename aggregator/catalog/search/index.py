@@ -7,7 +7,9 @@ tool and server scores on one scale.
 
 A tool's score is BM25F over its fields (`scoring.py`), summed over the
 query's terms (`query.py`) at the tier each matches (`vocabulary.py`); the top
-k are found without scoring every match (`retrieval.py`).
+k are found without scoring every match (`retrieval.py`). The best few are then
+re-ranked by how close in meaning each tool's text is to the query, from a
+shipped table of word vectors (`meaning.py`).
 
 Ties break on (server, tool). No randomness, no model: the same catalog content
 and query always give the same floats and the same order.
@@ -33,6 +35,7 @@ from aggregator.catalog.search.documents import (
     tool_fields,
 )
 from aggregator.catalog.search.explain import Match, explain
+from aggregator.catalog.search.meaning import Vector, cosine, word_vectors
 from aggregator.catalog.search.query import LITERAL, NAME, Commonness, QueryTerm, coverage_weights, lexicon, query_terms
 from aggregator.catalog.search.retrieval import (
     BIG,
@@ -115,6 +118,7 @@ class ToolSearchIndex:
         self._by_object: dict[str, set[int]] = {}  # stem of an object word of a changing verb's name → those tools
         self._verbs: dict[str, int] = {}  # stem of a name's verb → how many names open with it
         self._unparsed_names: dict[int, tuple[list[str], list[str]]] = {}  # tool → its name's and server's tokens
+        self._meanings: dict[int, Vector | None] = {}  # tool → its text's vector (`meaning.py`), made on first use
 
     # ------------------------------------------------------------ following the catalogs
 
@@ -250,6 +254,7 @@ class ToolSearchIndex:
     def _remove_doc(self, doc_id: int) -> None:
         doc = self._docs.pop(doc_id)
         self._unparsed_names.pop(doc_id, None)
+        self._meanings.pop(doc_id, None)
         parts = self._name_parts.pop(doc_id, None)
         if parts is not None:
             self._verbs[parts[0]] -= 1
@@ -442,23 +447,88 @@ class ToolSearchIndex:
             return []
         qterms, fields, p = self.query_terms(query), self.fields(doc.entry), self._p
         damped = (self._damped(query, qterms).get(doc_id, frozenset()), p.name_damping)
-        return explain(qterms, self._scaled_terms, doc.terms, fields, p.lexicon_tie, p.coverage, damped)
+        matches = explain(qterms, self._scaled_terms, doc.terms, fields, p.lexicon_tie, p.coverage, damped)
+        return matches + self._explain_meaning(query, doc_id) if matches else matches
+
+    def _explain_meaning(self, query: str, doc_id: int) -> list[Match]:
+        """What closeness in meaning adds to the tool, as `search` adds it (`_by_meaning`): nothing
+        unless it is among the best `meaning_head` by its words."""
+        groups, combine = self._query_groups(query)
+        if self._p.meaning <= 0 or not groups:
+            return []
+        head = self._p.meaning_head
+        scored = TopK([tuple(m.sources for m in g) for g in groups], head, combine).run()
+        ranked = top(list(scored.items()), head, self._names)
+        if doc_id not in {d for d, _ in ranked}:
+            return []
+        boost = self.meaning_boosts(query, [doc_id], ranked[0][1]).get(doc_id, 0.0)
+        closeness = boost / (self._p.meaning * ranked[0][1])
+        return [Match("(meaning)", "meaning", f"closeness {closeness:.3f}", "", (), boost)] if boost else []
 
     def search(self, query: str, limit: int) -> list[Hit]:
         """The best `limit` exposed tools of loaded catalogs, by score, ties on (server, tool)."""
         groups, combine = self._query_groups(query)
         if not groups or limit <= 0:
             return []
-        scored = TopK([tuple(m.sources for m in g) for g in groups], limit, combine).run()
+        depth = max(limit, self._p.meaning_head if self._p.meaning > 0 else 0)
+        scored = TopK([tuple(m.sources for m in g) for g in groups], depth, combine).run()
         hits = []
-        for doc_id, score in top(list(scored.items()), limit, self._names):
+        for doc_id, score in self._by_meaning(query, top(list(scored.items()), depth, self._names))[:limit]:
             doc = self._docs[doc_id]
             assert doc.entry is not None and doc.tool is not None
             hits.append(Hit(doc.server, doc.tool, score, doc.entry))
         return hits
 
+    def _by_meaning(self, query: str, ranked: list[tuple[int, float]]) -> list[tuple[int, float]]:
+        """`ranked` (best first) with its first `meaning_head` re-ranked: each adds what its
+        closeness in meaning to the query is worth (`meaning_boosts`, never negative). The others
+        keep their scores, which are no higher than any re-ranked one's."""
+        head = self._p.meaning_head
+        if self._p.meaning <= 0 or not ranked:
+            return ranked
+        boosts = self.meaning_boosts(query, [doc_id for doc_id, _ in ranked[:head]], ranked[0][1])
+        rescored = [(doc_id, score + boosts.get(doc_id, 0.0)) for doc_id, score in ranked[:head]]
+        return sorted(rescored, key=lambda item: (-item[1], self._names(item[0]))) + ranked[head:]
+
+    def meaning_boosts(self, query: str, doc_ids: Iterable[int], best: float) -> dict[int, float]:
+        """What closeness in meaning adds to each of `doc_ids` (`_by_meaning`), when positive:
+        `meaning` × `best` × the cosine of the tool's vector and the query's, taken as at least
+        `meaning_named` when the query says the tool's whole name ("git diff": `git_diff`, whose
+        sibling `git_diff_staged` may be closer in the vectors' sense)."""
+        table = word_vectors()
+        words = tokenize(query)
+        wanted = table.text_vector(words) if table is not None else None
+        if table is None or wanted is None:
+            return {}
+        said, p = set(words), self._p
+        boosts = {}
+        for doc_id in doc_ids:
+            if doc_id not in self._meanings:
+                self._meanings[doc_id] = table.text_vector(self._meaning_words(doc_id))
+            vector, entry = self._meanings[doc_id], self._docs[doc_id].entry
+            similarity = cosine(wanted, vector) if vector is not None else 0.0
+            if entry is not None and (name := tokenize(entry.name)) and said.issuperset(name):
+                similarity = max(similarity, p.meaning_named)
+            if similarity > 0:
+                boosts[doc_id] = p.meaning * best * similarity
+        return boosts
+
+    def _meaning_words(self, doc_id: int) -> list[str]:
+        """The words of a tool whose vector is compared: its name, description and parameter
+        names, and its server's metadata where that says something the description does not."""
+        entry = self._docs[doc_id].entry
+        assert entry is not None
+        words = tokenize(entry.name) + tokenize(entry.description)
+        words += [word for key in entry.arg_keys for word in tokenize(key)]
+        description, capabilities = self._meta.get(entry.server, ("", ()))
+        for text in (description, *capabilities):
+            if text and text not in entry.description:
+                words += tokenize(text)
+        return words
+
     def all_scores(self, query: str) -> dict[tuple[str, str], float]:
-        """The score of every matching exposed tool, by (server, tool), without pruning.
+        """The score of every matching exposed tool, by (server, tool), without pruning, the best
+        `meaning_head` re-ranked as `search` re-ranks them (`_by_meaning`).
 
         `search` returns the best of these; tests and diagnostics compare against it.
         """
@@ -466,8 +536,9 @@ class ToolSearchIndex:
         groups = [tuple(m.sources for m in g) for g in word_groups]
         matched = {d for group in groups for member in group for source in member for d in source.table}
         scores = bulk_scores(matched, groups, combine)
+        ranked = self._by_meaning(query, top(list(scores.items()), len(scores), self._names))
         docs = self._docs
-        return {(docs[d].server, docs[d].tool or ""): score for d, score in scores.items()}
+        return {(docs[d].server, docs[d].tool or ""): score for d, score in ranked}
 
     def _names(self, doc_id: int) -> tuple[str, str]:
         """(server, tool) of a document, the order of equal scores; a card's tool is ""."""

@@ -75,6 +75,9 @@ class RankingParams:
     lexicon_tie: float = 0.3  # share of a group's terms other than its best (dis_max tie breaker)
     coverage: float = 0.1  # a score × (share of the query's word weight the tool matches) ** this
     name_damping: float = 0.5  # a query word matching a verb-object name's object, its verb not asked for: × this
+    meaning: float = 0.6  # among the best `meaning_head`, a tool adds this × the best score × cosine (meaning.py)
+    meaning_head: int = 10
+    meaning_named: float = 0.75  # ... its cosine at least this when the query says the tool's whole name
     min_partial: int = 3  # shortest non-CJK query token that may prefix/substring-match
 
     def field_weight(self, field: str) -> float:
