@@ -63,7 +63,7 @@ NameParts = tuple[str, frozenset[str]]  # stems of a tool name's verb and of its
 # 20" sets it). A reading verb (get, list, read, find) contradicts no request: nearly any
 # request reads something.
 _KINDS = (
-    ("make", "create make new add insert write save store"),
+    ("make", "create make new add insert write save store start"),
     ("remove", "delete remove erase drop"),
     ("alter", "update edit modify change set move rename make"),
 )
