@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from aggregator.catalog.model import Catalog, MalformedEntry, ToolEntry, clean_tool, sorted_unique
-from aggregator.catalog.search import DEFAULT_PARAMS, ToolSearchIndex
+from aggregator.catalog.search import DEFAULT_PARAMS, RankingParams, ToolSearchIndex
 from aggregator.catalog.store import CatalogStore
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
@@ -95,13 +95,12 @@ def build_catalogs(n_servers: int, n_tools: int) -> tuple[list[Catalog], dict[st
     return catalogs, descriptions
 
 
-PARAMS = DEFAULT_PARAMS
-
-
-def build_index(catalogs: list[Catalog], descriptions: dict[str, str]) -> ToolSearchIndex:
+def build_index(
+    catalogs: list[Catalog], descriptions: dict[str, str], params: RankingParams = DEFAULT_PARAMS
+) -> ToolSearchIndex:
     """An index attached to a store, then every catalog put into the store, as the server does."""
     store = CatalogStore()
-    index = ToolSearchIndex(PARAMS)
+    index = ToolSearchIndex(params)
     index.attach(store)
     for catalog in catalogs:
         index.set_server_metadata(catalog.server, descriptions[catalog.server], [])
@@ -109,7 +108,9 @@ def build_index(catalogs: list[Catalog], descriptions: dict[str, str]) -> ToolSe
     return index
 
 
-def index_memory(catalogs: list[Catalog], descriptions: dict[str, str], queries: list[str]) -> tuple[int, int]:
+def index_memory(
+    catalogs: list[Catalog], descriptions: dict[str, str], queries: list[str], params: RankingParams
+) -> tuple[int, int]:
     """Bytes held by the index (tracemalloc): once built, and after running `queries` (its caches filled).
 
     The catalogs themselves are built beforehand and not counted: the index only
@@ -117,7 +118,7 @@ def index_memory(catalogs: list[Catalog], descriptions: dict[str, str], queries:
     """
     gc.collect()
     tracemalloc.start()
-    index = build_index(catalogs, descriptions)
+    index = build_index(catalogs, descriptions, params)
     gc.collect()
     built = tracemalloc.get_traced_memory()[0]
     for query in queries:
@@ -171,16 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--without-meaning", action="store_true", help="the ranking by words alone")
     args = parser.parse_args(argv)
-    global PARAMS
-    PARAMS = replace(DEFAULT_PARAMS, meaning=0.0) if args.without_meaning else DEFAULT_PARAMS
+    params = replace(DEFAULT_PARAMS, meaning=0.0) if args.without_meaning else DEFAULT_PARAMS
 
     catalogs, descriptions = build_catalogs(args.servers, args.tools)
     start = time.perf_counter()
-    index = build_index(catalogs, descriptions)
+    index = build_index(catalogs, descriptions, params)
     build_s = time.perf_counter() - start
     rng = random.Random(20240611)
     workload = {n: sample_queries(rng, n, args.queries) for n in range(1, 9)}
-    memory, memory_warm = index_memory(catalogs, descriptions, [q for qs in workload.values() for q in qs])
+    memory, memory_warm = index_memory(catalogs, descriptions, [q for qs in workload.values() for q in qs], params)
 
     report: dict[str, Any] = {
         "servers": len(catalogs),
