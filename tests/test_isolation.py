@@ -442,12 +442,14 @@ async def test_relayed_requests_in_flight_are_bounded_per_client(tmp_path: Path)
             with anyio.fail_after(WAIT):
                 while host.in_flight < MAX_RELAYED_PER_CLIENT:
                     await anyio.sleep(0.05)
-            await anyio.sleep(0.5)  # the rest were refused by now, and none more reached the client
+            await anyio.sleep(0.5)  # more arrive meanwhile: all refused, none more reaches the client
             assert host.in_flight == MAX_RELAYED_PER_CLIENT
             host.release.set()
+        # The bound is on requests in flight, not on the total: on a loaded machine some of the n
+        # reach the aggregator only after the release, when there is room again, and are relayed.
         summary = flooded[0]
-        assert summary["results"] == len(host.sampled) == MAX_RELAYED_PER_CLIENT
-        assert summary["errors"] == n - MAX_RELAYED_PER_CLIENT
+        assert summary["results"] == len(host.sampled) >= MAX_RELAYED_PER_CLIENT
+        assert summary["results"] + summary["errors"] == n and summary["errors"] > 0
         assert summary["messages"] == [
             f"sampling/createMessage: the client already has {MAX_RELAYED_PER_CLIENT} requests to answer; retry later"
         ]
