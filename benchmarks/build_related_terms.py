@@ -40,6 +40,7 @@ import argparse
 import gzip
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -75,17 +76,24 @@ def neighbours(words: list[str], count: int, floor: float) -> dict[str, list[tup
             i = start + row
             candidates = np.flatnonzero(similarities >= floor)
             ranked = sorted(candidates, key=lambda j: (-round(float(similarities[j]), 4), words[j]))
-            found: list[tuple[str, float]] = []
-            stems: set[str] = set()  # one neighbour per stem: the search matches the others by stem
-            for j in ranked:
-                if j != i and not _same_word(words[i], words[j]) and stem(words[j]) not in stems:
-                    stems.add(stem(words[j]))
-                    found.append((words[j], round(float(similarities[j]), 2)))
-                    if len(found) == count:
-                        break
+            found = _one_per_stem(words[i], ((words[j], round(float(similarities[j]), 2)) for j in ranked), count)
             if found:
                 table[words[i]] = found
     return table
+
+
+def _one_per_stem(word: str, ranked: Iterable[tuple[str, float]], count: int) -> list[tuple[str, float]]:
+    """The first `count` of `ranked` (best first) that the search does not already find for `word`
+    (`_same_word`), one per stem: the search matches the others of a stem by stem."""
+    found: list[tuple[str, float]] = []
+    stems: set[str] = set()
+    for term, similarity in ranked:
+        if not _same_word(word, term) and stem(term) not in stems:
+            stems.add(stem(term))
+            found.append((term, similarity))
+            if len(found) == count:
+                break
+    return found
 
 
 def with_reverse(table: dict[str, list[tuple[str, float]]], cap: int) -> dict[str, list[tuple[str, float]]]:
@@ -103,14 +111,7 @@ def with_reverse(table: dict[str, list[tuple[str, float]]], cap: int) -> dict[st
             links[word] = max(similarity, links.get(word, 0.0))
     out: dict[str, list[tuple[str, float]]] = {}
     for word, links in merged.items():
-        found: list[tuple[str, float]] = []
-        stems = {stem(word)}
-        for term, similarity in sorted(links.items(), key=lambda item: (-item[1], item[0])):
-            if not _same_word(word, term) and stem(term) not in stems:
-                stems.add(stem(term))
-                found.append((term, similarity))
-                if len(found) == cap:
-                    break
+        found = _one_per_stem(word, sorted(links.items(), key=lambda item: (-item[1], item[0])), cap)
         if found:
             out[word] = found
     return out
