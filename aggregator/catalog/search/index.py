@@ -429,7 +429,7 @@ class ToolSearchIndex:
             return {}  # "add" of "add up": its phrase's sense, not its own
         asked = [t for t in terms if t.origin in (LITERAL, NAME) or t.origin.startswith("lexicon")]
         verbs = {stem(t.token) for t in asked}
-        kinds = kinds_of.get(stem(tokens[0]), frozenset())
+        kinds = kinds_of.get(opening, frozenset())
         damped: dict[int, set[str]] = {}
         own = f"lexicon: {tokens[0]}"  # the opening verb's own lexicon words ("link": relation) name its action
         for term in (t for t in asked if t.origin != own):
@@ -456,9 +456,7 @@ class ToolSearchIndex:
         groups, combine = self._query_groups(query)
         if self._p.meaning <= 0 or not groups:
             return []
-        head = self._p.meaning_head
-        scored = TopK([tuple(m.sources for m in g) for g in groups], head, combine).run()
-        ranked = top(list(scored.items()), head, self._names)
+        ranked = self._best_by_words(groups, combine, self._p.meaning_head)
         if doc_id not in {d for d, _ in ranked}:
             return []
         boost = self.meaning_boosts(query, [doc_id], ranked[0][1]).get(doc_id, 0.0)
@@ -471,13 +469,17 @@ class ToolSearchIndex:
         if not groups or limit <= 0:
             return []
         depth = max(limit, self._p.meaning_head if self._p.meaning > 0 else 0)
-        scored = TopK([tuple(m.sources for m in g) for g in groups], depth, combine).run()
         hits = []
-        for doc_id, score in self._by_meaning(query, top(list(scored.items()), depth, self._names))[:limit]:
+        for doc_id, score in self._by_meaning(query, self._best_by_words(groups, combine, depth))[:limit]:
             doc = self._docs[doc_id]
             assert doc.entry is not None and doc.tool is not None
             hits.append(Hit(doc.server, doc.tool, score, doc.entry))
         return hits
+
+    def _best_by_words(self, groups: list[list[TokenStats]], combine: Combine, depth: int) -> list[tuple[int, float]]:
+        """The best `depth` tools by their words alone (pruned top k), best first, ties on (server, tool)."""
+        scored = TopK([tuple(m.sources for m in g) for g in groups], depth, combine).run()
+        return top(list(scored.items()), depth, self._names)
 
     def _by_meaning(self, query: str, ranked: list[tuple[int, float]]) -> list[tuple[int, float]]:
         """`ranked` (best first) with its first `meaning_head` re-ranked: each adds what its
