@@ -1,6 +1,6 @@
 """How much a better word table could give: the re-rank by meaning with the model's own sentence vectors.
 
-    .venv/bin/pip install -e ".[dense]"
+    .venv/bin/pip install -e ".[bench,dense]"
     .venv/bin/python benchmarks/meaning_ceiling.py [DATASET.json ...] [--max-queries N] [--weights 0.6,1.2]
 
 The search re-ranks its best lexical results by closeness in meaning, with text
