@@ -188,6 +188,10 @@ FIRST = [
     # (git_create_branch's "branch"), which a listing sibling (git_branch) would otherwise take first
     ("start a branch for the payment refactor", "git/git_create_branch"),
     ("start a table of my workouts in the db", "sqlite/create_table"),
+    # a file name says "file" without the word: it lends "file" and its kind (text, image, audio)
+    ("show me what's in shopping.txt", "filesystem/read_text_file"),
+    ("listen to interview.mp3", "filesystem/read_media_file"),
+    ("put these notes in ideas.md", "filesystem/write_file"),
 ]
 
 

@@ -27,7 +27,15 @@ from aggregator.catalog.search.query import (
     related_terms,
 )
 from aggregator.catalog.search.retrieval import LEAST_FACTOR
-from aggregator.catalog.search.tokens import identifiers, inflection_pair, is_cjk, names, stem, tokenize
+from aggregator.catalog.search.tokens import (
+    dotted_words,
+    identifiers,
+    inflection_pair,
+    is_cjk,
+    names,
+    stem,
+    tokenize,
+)
 from aggregator.catalog.store import CatalogStore
 from aggregator.tools.catalog_search import format_explanation
 
@@ -243,6 +251,50 @@ def test_a_phrase_that_lists_its_verb_keeps_the_verbs_own_words() -> None:
     assert "sum" in added and "create" not in added
     written = {t.token: t for t in query_terms(tokenize("write down my list"), 0.1, 0.3, 0.7)}
     assert {"save", "persist", "store"} <= written.keys()
+
+
+def test_a_file_name_lends_file_and_its_kind() -> None:
+    """ "open notes.txt" never says "file": a word written as a name and a file extension lends
+    "file" and the kind of file ("txt": text, "png": image) as lexicon words of the file name, so
+    the tool that reads files comes before one whose name says "open"."""
+    tools = (
+        {"name": "open_nodes", "description": "Open nodes of the knowledge graph by their names."},
+        {"name": "read_text_file", "description": "Read the contents of a text file."},
+        {"name": "read_media_file", "description": "Read an image or audio file as base64."},
+    )
+    terms, first = terms_and_first("open notes.txt", *tools)
+    assert first == "read_text_file"
+    assert terms["file"].origin == terms["text"].origin == "lexicon: notes_txt"
+    assert terms["file"].weight == DEFAULT_PARAMS.expansion_absent  # no tool holds "notes_txt"
+    assert terms_and_first("look at Desktop/chart_2024.png", *tools)[1] == "read_media_file"
+    index, _ = build([synthetic("s", *tools)])
+    for query in ("open the git_log output", "open example.com", "email jenny@park.io", "e.g. the nodes"):
+        assert not [t for t in index.query_terms(query) if t.token in ("file", "text")], query
+    assert lexicon().file_words("gz") == ("file", "archive") and lexicon().file_words("com") == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "dotted"),
+    [
+        ("open notes.txt", {"notes_txt": "txt"}),
+        ("How large is backup.tar.gz?", {"backup_tar_gz": "gz"}),
+        ("compare config/dev.yaml and config/prod.YAML", {"dev_yaml": "yaml", "prod_yaml": "yaml"}),
+        ("mail jenny@park.io", {"park_io": "io"}),
+        ("git_log and read-file", {}),
+        ("end of sentence. Next one", {}),
+        ("", {}),
+    ],
+)
+def test_dotted_words_are_the_words_written_with_a_last_part_after_a_dot(text: str, dotted: dict[str, str]) -> None:
+    assert dotted_words(text) == dotted
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=80))
+def test_dotted_words_are_identifier_tokens_of_the_text_for_any_text(text: str) -> None:
+    found = dotted_words(text)
+    assert set(found) <= set(identifiers(text))
+    assert all(part == part.lower() and part for part in found.values())
 
 
 def test_a_name_lends_its_related_words_but_no_lexicon_words() -> None:

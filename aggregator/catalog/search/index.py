@@ -59,7 +59,7 @@ from aggregator.catalog.search.scoring import (
     field_frequencies,
     idf,
 )
-from aggregator.catalog.search.tokens import identifiers, names, stem, tokenize
+from aggregator.catalog.search.tokens import dotted_words, identifiers, names, stem, tokenize
 from aggregator.catalog.search.vocabulary import Tiers, Vocabulary
 from aggregator.catalog.store import CatalogStore
 
@@ -375,6 +375,7 @@ class ToolSearchIndex:
             commonness=Commonness(p.common_slope, p.common_pivot, p.common_floor),
             rare=self._rare if p.related_rare > 0 else None,
             related_rare=p.related_rare,
+            files=dotted_words(query),
         )
 
     def _present(self, token: str) -> bool:

@@ -18,6 +18,10 @@ its words too: "note down" (save, record, note) still searches note's "fact" and
 No catalog holds a phrase as such, so its words weigh what a lexicon word of an absent query word
 weighs.
 
+A file name ("notes.txt", "backup.tar.gz") lends "file" and the kind of file its
+extension names (`file_extensions` in the lexicon file: text, image, audio...),
+as lexicon words of it: a request that names a file rarely says "file".
+
 The words a query word adds are alternatives to it, not more evidence: the
 ranking takes the best of a word and its additions in full and the rest at a
 small share (`RankingParams.lexicon_tie`), so a tool that says "search",
@@ -190,6 +194,13 @@ class Lexicon:
     stop_words: frozenset[str]
     known: frozenset[str]  # stems of every word of the lexicon: tool vocabulary
     phrases: dict[Phrase, tuple[str, ...]]  # a two-word entry ("add up") → tokens it adds, sorted
+    extensions: dict[str, str]  # a file name's extension → the kind of file it names ("png": image)
+
+    def file_words(self, extension: str) -> tuple[str, ...]:
+        """What a file name with `extension` stands for: "file" and the file's kind ("report.pdf":
+        file, document), or nothing when `extension` names no kind of file ("example.com")."""
+        kind = self.extensions.get(extension)
+        return ("file", kind) if kind else ()
 
     def phrase_words(self, tokens: list[str]) -> dict[str, tuple[str, tuple[str, ...]]]:
         """Per query word that opens a two-word entry of the lexicon ("add" in "add up the bill"),
@@ -226,7 +237,9 @@ def lexicon() -> Lexicon:
     known = set(expansions) | {stem(t) for value in expansions.values() for t in value}  # not phrases' words
     content = set(raw["content_words"])
     stop = frozenset(w for w in get_stop_words("english") if w.isalpha() and stem(w) not in known and w not in content)
-    return Lexicon(expansions, stop, frozenset(known), {key: tuple(sorted(value)) for key, value in pairs.items()})
+    extensions = {ext: kind for kind, exts in raw["file_extensions"].items() for ext in exts.split()}
+    phrase_adds = {key: tuple(sorted(value)) for key, value in pairs.items()}
+    return Lexicon(expansions, stop, frozenset(known), phrase_adds, extensions)
 
 
 def query_terms(
@@ -242,6 +255,7 @@ def query_terms(
     commonness: Commonness = Commonness(),
     rare: Callable[[str], bool] | None = None,
     related_rare: float = 0.0,
+    files: Mapping[str, str] | None = None,
 ) -> list[QueryTerm]:
     """The distinct tokens to search for `tokens`, sorted, each with its highest weight.
 
@@ -257,7 +271,9 @@ def query_terms(
     more lends its related words, which stand for what the name is ("Bitcoin":
     cryptocurrency, blockchain). A word that only a few tools hold (`rare` says so)
     lends its related words at `related_rare`: one tool's passing use of "scientific"
-    says little of where "scientific literature" is wanted.
+    says little of where "scientific literature" is wanted. A file name (`files`: its
+    identifier token → the part after its last dot) lends "file" and the kind of file
+    its extension names ("open notes.txt": file, text), as a lexicon word of it.
     """
     lex = lexicon()
     literal = {t: (STOP if t in lex.stop_words else NAME if t in names else LITERAL) for t in tokens}
@@ -293,7 +309,10 @@ def query_terms(
             related = related_absent if related_absent is not None else related
         elif rare is not None and rare(token):
             related = max(related, related_rare)
-        for added in lex.expansions.get(stem(token), ()) if origin == LITERAL else ():
+        adds = lex.expansions.get(stem(token), ()) if origin == LITERAL else ()
+        if files and token in files:
+            adds = lex.file_words(files[token])
+        for added in adds:
             if stem(added) not in literal_stems and added not in lex.stop_words:
                 offer(QueryTerm(added, weight, f"lexicon: {token}", token))
         if related > 0 and stem(token) not in lex.known:  # the lexicon's words have its expansions only

@@ -93,6 +93,20 @@ def identifiers(text: str | None) -> list[str]:
     return [token for token in joined if token is not None]
 
 
+def dotted_words(text: str | None) -> dict[str, str]:
+    """The words of `text` written as a name, a dot and a last part ("notes.txt", "backup.tar.gz",
+    "example.com"), as their `identifiers` token → the last part, lower-cased: a file name's
+    extension, when it is one (`query.Lexicon.extensions` says)."""
+    if not text:
+        return {}
+    found: dict[str, str] = {}
+    for word in _IDENTIFIER.findall(text):
+        head, dot, last = word.rpartition(".")
+        if dot and head and last and (token := identifier(tokenize(word))) is not None:
+            found[token] = last.lower()
+    return found
+
+
 def is_identifier(token: str) -> bool:
     """True for a token made by `identifiers` (several tokens joined)."""
     return "_" in token
