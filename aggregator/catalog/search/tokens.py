@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from itertools import chain
 from typing import Any
@@ -85,26 +85,24 @@ def identifier(tokens: Sequence[str]) -> str | None:
     return sys.intern("_".join(tokens)) if len(tokens) > 1 else None
 
 
+def _written_identifiers(text: str | None) -> Iterator[tuple[str, str]]:
+    """Each word of `text` that makes an identifier of several tokens, as written, and that token."""
+    for word in _IDENTIFIER.findall(text or ""):
+        if (token := identifier(tokenize(word))) is not None:
+            yield word, token
+
+
 def identifiers(text: str | None) -> list[str]:
     """Every identifier of several tokens in `text`, in order, as one token joined by `_`."""
-    if not text:
-        return []
-    joined = (identifier(tokenize(word)) for word in _IDENTIFIER.findall(text))
-    return [token for token in joined if token is not None]
+    return [token for _, token in _written_identifiers(text)]
 
 
 def dotted_words(text: str | None) -> dict[str, str]:
     """The words of `text` written as a name, a dot and a last part ("notes.txt", "backup.tar.gz",
     "example.com"), as their `identifiers` token → the last part, lower-cased: a file name's
-    extension, when it is one (`query.Lexicon.extensions` says)."""
-    if not text:
-        return {}
-    found: dict[str, str] = {}
-    for word in _IDENTIFIER.findall(text):
-        head, dot, last = word.rpartition(".")
-        if dot and head and last and (token := identifier(tokenize(word))) is not None:
-            found[token] = last.lower()
-    return found
+    extension, when it is one (`query.Lexicon.extensions` says). A written identifier neither
+    starts nor ends with a dot, so both parts are there whenever it holds one."""
+    return {token: word.rpartition(".")[2].lower() for word, token in _written_identifiers(text) if "." in word}
 
 
 def is_identifier(token: str) -> bool:
