@@ -192,6 +192,11 @@ FIRST = [
     ("show me what's in shopping.txt", "filesystem/read_text_file"),
     ("listen to interview.mp3", "filesystem/read_media_file"),
     ("put these notes in ideas.md", "filesystem/write_file"),
+    # a host name written without its scheme says "web": it lends what "https" lends (url, web)
+    ("what's new on python.org", "fetch/fetch"),
+    ("what does bbc.co.uk say about the election", "fetch/fetch"),
+    ("grab the pricing from acme.io", "fetch/fetch"),
+    ("show me en.wikipedia.org/wiki/Ada_Lovelace", "fetch/fetch"),
 ]
 
 

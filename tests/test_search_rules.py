@@ -253,24 +253,51 @@ def test_a_phrase_that_lists_its_verb_keeps_the_verbs_own_words() -> None:
     assert {"save", "persist", "store"} <= written.keys()
 
 
-def test_a_file_name_lends_file_and_its_kind() -> None:
-    """ "open notes.txt" never says "file": a word written as a name and a file extension lends
-    "file" and the kind of file ("txt": text, "png": image) as lexicon words of the file name, so
-    the tool that reads files comes before one whose name says "open"."""
-    tools = (
-        {"name": "open_nodes", "description": "Open nodes of the knowledge graph by their names."},
-        {"name": "read_text_file", "description": "Read the contents of a text file."},
-        {"name": "read_media_file", "description": "Read an image or audio file as base64."},
-    )
-    terms, first = terms_and_first("open notes.txt", *tools)
-    assert first == "read_text_file"
-    assert terms["file"].origin == terms["text"].origin == "lexicon: notes_txt"
-    assert terms["file"].weight == DEFAULT_PARAMS.expansion_absent  # no tool holds "notes_txt"
-    assert terms_and_first("look at Desktop/chart_2024.png", *tools)[1] == "read_media_file"
-    index, _ = build([synthetic("s", *tools)])
-    for query in ("open the git_log output", "open example.com", "email jenny@park.io", "e.g. the nodes"):
-        assert not [t for t in index.query_terms(query) if t.token in ("file", "text")], query
-    assert lexicon().file_words("gz") == ("file", "archive") and lexicon().file_words("com") == ()
+FILE_TOOLS = (
+    {"name": "open_nodes", "description": "Open nodes of the knowledge graph by their names."},
+    {"name": "read_text_file", "description": "Read the contents of a text file."},
+    {"name": "read_media_file", "description": "Read an image or audio file as base64."},
+)
+WEB_TOOLS = (
+    {"name": "fetch", "description": "Fetches a URL from the internet and extracts its contents."},
+    {"name": "create_entities", "description": "Create multiple new entities in the knowledge graph."},
+    {"name": "send_email", "description": "Send an email message to a recipient."},
+)
+
+
+@pytest.mark.parametrize(
+    ("query", "tools", "first", "lent"),
+    [
+        ("open notes.txt", FILE_TOOLS, "read_text_file", {"file": "notes_txt", "text": "notes_txt"}),
+        ("look at Desktop/chart_2024.png", FILE_TOOLS, "read_media_file", {"image": "chart_2024_png"}),
+        ("what's new on python.org", WEB_TOOLS, "fetch", {"url": "python_org", "web": "python_org"}),
+    ],
+)
+def test_a_file_or_host_name_lends_what_it_stands_for(
+    query: str, tools: tuple[dict[str, str], ...], first: str, lent: dict[str, str]
+) -> None:
+    """ "open notes.txt" never says "file", "what's new on python.org" never says "web": a word
+    written as a name and a file extension lends "file" and the kind of file ("txt": text, "png":
+    image); one written as a name and a top-level domain, a host name, lends what "https" lends
+    (url, web). Both as lexicon words of the written word, at the weight of those of a word no
+    tool holds, so the tool that reads the file or fetches the page comes first."""
+    terms, found = terms_and_first(query, *tools)
+    assert found == first
+    for token, word in lent.items():
+        assert terms[token].origin == f"lexicon: {word}", token
+        assert terms[token].weight == DEFAULT_PARAMS.expansion_absent
+
+
+def test_what_a_dotted_word_does_not_lend() -> None:
+    """An identifier without a dot, an email address's domain and a last part that is neither an
+    extension nor a domain lend nothing; a URL with its scheme lends through "https", as before."""
+    index, _ = build([synthetic("s", *FILE_TOOLS, *WEB_TOOLS)])
+    for query in ("open the git_log output", "email jenny@park.io", "e.g. the nodes", "release v1.final"):
+        assert not [t for t in index.query_terms(query) if t.token in ("file", "text", "url", "web")], query
+    lent = {t.token: t for t in index.query_terms("read https://example.com")}
+    assert lent["url"].origin == lent["web"].origin == "lexicon: https"
+    assert lexicon().dotted_word_words("gz") == ("file", "archive") and lexicon().dotted_word_words("final") == ()
+    assert set(lexicon().dotted_word_words("com")) == set(lexicon().expansions[stem("https")]) == {"url", "web"}
 
 
 @pytest.mark.parametrize(
@@ -279,7 +306,9 @@ def test_a_file_name_lends_file_and_its_kind() -> None:
         ("open notes.txt", {"notes_txt": "txt"}),
         ("How large is backup.tar.gz?", {"backup_tar_gz": "gz"}),
         ("compare config/dev.yaml and config/prod.YAML", {"dev_yaml": "yaml", "prod_yaml": "yaml"}),
-        ("mail jenny@park.io", {"park_io": "io"}),
+        ("mail jenny@park.io", {}),
+        ("what's on nytimes.com", {"nytimes_com": "com"}),
+        ("read https://example.com/a/page.html", {"page_html": "html"}),
         ("git_log and read-file", {}),
         ("end of sentence. Next one", {}),
         ("", {}),

@@ -375,7 +375,7 @@ class ToolSearchIndex:
             commonness=Commonness(p.common_slope, p.common_pivot, p.common_floor),
             rare=self._rare if p.related_rare > 0 else None,
             related_rare=p.related_rare,
-            files=dotted_words(query),
+            dotted=dotted_words(query),
         )
 
     def _present(self, token: str) -> bool:

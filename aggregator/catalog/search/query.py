@@ -20,7 +20,9 @@ weighs.
 
 A file name ("notes.txt", "backup.tar.gz") lends "file" and the kind of file its
 extension names (`file_extensions` in the lexicon file: text, image, audio...),
-as lexicon words of it: a request that names a file rarely says "file".
+as lexicon words of it: a request that names a file rarely says "file". A host
+name written without its scheme ("nytimes.com", `top_level_domains`) lends what
+"https" lends (url, web): a request that names a site rarely says "web page".
 
 The words a query word adds are alternatives to it, not more evidence: the
 ranking takes the best of a word and its additions in full and the rest at a
@@ -195,12 +197,15 @@ class Lexicon:
     known: frozenset[str]  # stems of every word of the lexicon: tool vocabulary
     phrases: dict[Phrase, tuple[str, ...]]  # a two-word entry ("add up") → tokens it adds, sorted
     extensions: dict[str, str]  # a file name's extension → the kind of file it names ("png": image)
+    domains: frozenset[str]  # top-level domains: a host name's last part ("com", "io")
 
-    def file_words(self, extension: str) -> tuple[str, ...]:
-        """What a file name with `extension` stands for: "file" and the file's kind ("report.pdf":
-        file, document), or nothing when `extension` names no kind of file ("example.com")."""
-        kind = self.extensions.get(extension)
-        return ("file", kind) if kind else ()
+    def dotted_word_words(self, last: str) -> tuple[str, ...]:
+        """What a word written as a name, a dot and `last` stands for (`tokens.dotted_words`): a
+        file name, "file" and the file's kind ("report.pdf": file, document); a host name, a web
+        address, so what "https" lends ("nytimes.com": url, web); else nothing ("v1.final")."""
+        if kind := self.extensions.get(last):
+            return ("file", kind)
+        return self.expansions.get(stem("https"), ()) if last in self.domains else ()
 
     def phrase_words(self, tokens: list[str]) -> dict[str, tuple[str, tuple[str, ...]]]:
         """Per query word that opens a two-word entry of the lexicon ("add" in "add up the bill"),
@@ -239,7 +244,8 @@ def lexicon() -> Lexicon:
     stop = frozenset(w for w in get_stop_words("english") if w.isalpha() and stem(w) not in known and w not in content)
     extensions = {ext: kind for kind, exts in raw["file_extensions"].items() for ext in exts.split()}
     phrase_adds = {key: tuple(sorted(value)) for key, value in pairs.items()}
-    return Lexicon(expansions, stop, frozenset(known), phrase_adds, extensions)
+    domains = frozenset(raw["top_level_domains"].split())
+    return Lexicon(expansions, stop, frozenset(known), phrase_adds, extensions, domains)
 
 
 def query_terms(
@@ -255,7 +261,7 @@ def query_terms(
     commonness: Commonness = Commonness(),
     rare: Callable[[str], bool] | None = None,
     related_rare: float = 0.0,
-    files: Mapping[str, str] | None = None,
+    dotted: Mapping[str, str] | None = None,
 ) -> list[QueryTerm]:
     """The distinct tokens to search for `tokens`, sorted, each with its highest weight.
 
@@ -271,9 +277,10 @@ def query_terms(
     more lends its related words, which stand for what the name is ("Bitcoin":
     cryptocurrency, blockchain). A word that only a few tools hold (`rare` says so)
     lends its related words at `related_rare`: one tool's passing use of "scientific"
-    says little of where "scientific literature" is wanted. A file name (`files`: its
-    identifier token → the part after its last dot) lends "file" and the kind of file
-    its extension names ("open notes.txt": file, text), as a lexicon word of it.
+    says little of where "scientific literature" is wanted. A file name or a host name
+    (`dotted`: its identifier token → the part after its last dot) lends what it stands
+    for (`Lexicon.dotted_word_words`: "open notes.txt": file, text; "nytimes.com": url, web)
+    as lexicon words of it.
     """
     lex = lexicon()
     literal = {t: (STOP if t in lex.stop_words else NAME if t in names else LITERAL) for t in tokens}
@@ -310,8 +317,8 @@ def query_terms(
         elif rare is not None and rare(token):
             related = max(related, related_rare)
         adds = lex.expansions.get(stem(token), ()) if origin == LITERAL else ()
-        if files and token in files:
-            adds = lex.file_words(files[token])
+        if dotted and token in dotted:
+            adds = lex.dotted_word_words(dotted[token])
         for added in adds:
             if stem(added) not in literal_stems and added not in lex.stop_words:
                 offer(QueryTerm(added, weight, f"lexicon: {token}", token))

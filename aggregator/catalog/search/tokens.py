@@ -85,11 +85,11 @@ def identifier(tokens: Sequence[str]) -> str | None:
     return sys.intern("_".join(tokens)) if len(tokens) > 1 else None
 
 
-def _written_identifiers(text: str | None) -> Iterator[tuple[str, str]]:
-    """Each word of `text` that makes an identifier of several tokens, as written, and that token."""
-    for word in _IDENTIFIER.findall(text or ""):
-        if (token := identifier(tokenize(word))) is not None:
-            yield word, token
+def _written_identifiers(text: str | None) -> Iterator[tuple[re.Match[str], str]]:
+    """Each word of `text` that makes an identifier of several tokens, as found, and that token."""
+    for found in _IDENTIFIER.finditer(text or ""):
+        if (token := identifier(tokenize(found.group()))) is not None:
+            yield found, token
 
 
 def identifiers(text: str | None) -> list[str]:
@@ -97,12 +97,22 @@ def identifiers(text: str | None) -> list[str]:
     return [token for _, token in _written_identifiers(text)]
 
 
+_HOST_MARKS = ("@", "//")  # before an email address's domain, before a URL's host
+
+
 def dotted_words(text: str | None) -> dict[str, str]:
     """The words of `text` written as a name, a dot and a last part ("notes.txt", "backup.tar.gz",
-    "example.com"), as their `identifiers` token → the last part, lower-cased: a file name's
-    extension, when it is one (`query.Lexicon.extensions` says). A written identifier neither
-    starts nor ends with a dot, so both parts are there whenever it holds one."""
-    return {token: word.rpartition(".")[2].lower() for word, token in _written_identifiers(text) if "." in word}
+    "nytimes.com"), as their `identifiers` token → the last part, lower-cased: a file's extension
+    or a host's top-level domain, when it is one (`query.Lexicon.dotted_word_words` says). The
+    domain of an email address ("jenny@park.io") and the host of a URL written with its scheme
+    ("https://example.com", whose "https" speaks for it) are not such words. A written identifier
+    neither starts nor ends with a dot, so both parts are there whenever it holds one."""
+    text = text or ""
+    return {
+        token: found.group().rpartition(".")[2].lower()
+        for found, token in _written_identifiers(text)
+        if "." in found.group() and not text.endswith(_HOST_MARKS, 0, found.start())
+    }
 
 
 def is_identifier(token: str) -> bool:
